@@ -1,0 +1,1 @@
+"""grounding-service: auditable citations and fail-closed grounding checks."""

@@ -1,0 +1,66 @@
+"""Answer verification over HTTP: 200 when grounded or refused, 422 problem when rejected."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.access.auth import AgentKey, ReaderKey
+from app.answers import service as answers
+from app.answers.schemas import ClaimRead, VerificationPassed, VerificationRead
+from app.config import SettingsDep
+from app.db import SessionDep
+from app.errors import enforce_limit
+from app.grounding.models import CitedAnswer
+
+router = APIRouter(tags=["answers"])
+
+
+@router.post("/v1/runs/{run_id}/answers")
+async def verify_answer(
+    run_id: str,
+    body: CitedAnswer,
+    session: SessionDep,
+    principal: AgentKey,
+    settings: SettingsDep,
+) -> VerificationPassed:
+    enforce_limit("claims per answer", len(body.claims), settings.max_claims_per_answer)
+    enforce_limit("citations per answer", len(body.citations), settings.max_citations_per_answer)
+    verification = await answers.verify_answer(
+        session, principal=principal, run_id=run_id, answer=body
+    )
+    return VerificationPassed(
+        verification_id=verification.verification_id,
+        run_id=run_id,
+        outcome="refused" if body.refusal else "grounded",
+        text=body.text,
+        claims=list(body.claims),
+        provenance=verification.provenance,
+        created_at=verification.created_at,
+    )
+
+
+@router.get("/v1/answers/{verification_id}")
+async def get_verification(
+    verification_id: str, session: SessionDep, principal: ReaderKey
+) -> VerificationRead:
+    found = await answers.get_verification(
+        session, tenant=principal.tenant, verification_id=verification_id
+    )
+    v = found.verification
+    claims = [
+        ClaimRead(
+            text=claim["text"],
+            citation_ids=claim["citation_ids"],
+            sources=[found.sources[cid] for cid in claim["citation_ids"] if cid in found.sources],
+        )
+        for claim in v.claims
+    ]
+    return VerificationRead.model_validate(
+        {
+            **{
+                name: getattr(v, name) for name in VerificationRead.model_fields if hasattr(v, name)
+            },
+            "text": " ".join(claim.text for claim in claims),
+            "claims": claims,
+        }
+    )

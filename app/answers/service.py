@@ -1,0 +1,119 @@
+"""check_grounding as a service: an answer verified against its stored run, every attempt recorded.
+
+Invariants kept here:
+- the answer is checked against the citations the run issued, loaded with the run in one
+  statement, and it is rejected, never repaired;
+- every attempt, grounded, refused or rejected, is recorded in the request's transaction, and a
+  rejection is raised only after its record is written (it commits with it);
+- the record keeps claims and citation ids, never copies of the submitted citations;
+- the number of statements does not grow with the size of the answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import insert, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.access.service import Principal
+from app.citations import service as citations
+from app.errors import NotFound
+from app.grounding.check import find_violations, rejection
+from app.grounding.models import Citation, CitedAnswer
+from app.ids import new_id
+from app.models import CitationRow, Run, Verification
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedAnswer:
+    """A recorded verification with the issued citations its claims name."""
+
+    verification: Verification
+    sources: dict[str, Citation]
+
+
+def answer_sha256(answer: CitedAnswer) -> str:
+    """sha256 of the answer's canonical JSON: what was submitted, without keeping it."""
+    canonical = json.dumps(
+        answer.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+async def _issued(session: AsyncSession, tenant: str, run_id: str) -> list[Citation]:
+    rows = (
+        await session.execute(
+            select(Run.run_id.label("found_run"), CitationRow)
+            .select_from(Run)
+            .outerjoin(
+                CitationRow,
+                (CitationRow.tenant == Run.tenant) & (CitationRow.run_id == Run.run_id),
+            )
+            .where(Run.tenant == tenant, Run.run_id == run_id)
+            .order_by(CitationRow.ordinal)
+        )
+    ).all()
+    if not rows:
+        raise NotFound("no such run")
+    return [citations.from_row(row.CitationRow) for row in rows if row.CitationRow is not None]
+
+
+async def verify_answer(
+    session: AsyncSession, *, principal: Principal, run_id: str, answer: CitedAnswer
+) -> Verification:
+    """Check `answer` against run `run_id`, record the attempt, and raise if it is rejected."""
+    issued = await _issued(session, principal.tenant, run_id)
+    violations = find_violations(answer, issued, tenant=principal.tenant)
+    error = rejection(violations)
+    if error is not None:
+        outcome, code = "rejected", error.code
+    else:
+        outcome, code = ("refused" if answer.refusal else "grounded"), None
+    verification_id = new_id("ver")
+    values = {
+        "tenant": principal.tenant,
+        "verification_id": verification_id,
+        "run_id": run_id,
+        "key_id": principal.key_id,
+        "outcome": outcome,
+        "code": code,
+        "violations": error.violations if error is not None else [],
+        "claims": [
+            {"text": claim.text, "citation_ids": list(claim.citation_ids)}
+            for claim in answer.claims
+        ],
+        "provenance": answer.provenance(),
+        "claim_count": len(answer.claims),
+        "citation_count": len(answer.citations),
+        "answer_sha256": answer_sha256(answer),
+        "created_at": datetime.now(UTC),
+    }
+    await session.execute(insert(Verification).values(values))
+    if error is not None:
+        error.verification_id = verification_id
+        raise error
+    return Verification(**values)
+
+
+async def find_verification(
+    session: AsyncSession, *, tenant: str, verification_id: str
+) -> Verification | None:
+    """A recorded verification of `tenant`, or None."""
+    return await session.get(Verification, (tenant, verification_id))
+
+
+async def get_verification(
+    session: AsyncSession, *, tenant: str, verification_id: str
+) -> VerifiedAnswer:
+    """A recorded verification with the issued citations its claims name, or `NotFound`."""
+    verification = await find_verification(session, tenant=tenant, verification_id=verification_id)
+    if verification is None:
+        raise NotFound("no such verification")
+    named = {cid for claim in verification.claims for cid in claim["citation_ids"]}
+    run_sources = await citations.find_citations(session, tenant=tenant, citation_ids=named)
+    sources = {cid: c for cid, c in run_sources.items() if c.run_id == verification.run_id}
+    return VerifiedAnswer(verification=verification, sources=sources)

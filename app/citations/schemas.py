@@ -1,0 +1,48 @@
+"""Request and response bodies of citation reads and resolution."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.citations.service import Resolution
+from app.grounding.models import Excerpt, Identifier, Tombstone
+
+
+class ResolveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    citation_ids: list[Identifier]
+
+
+class ResolvedExcerpt(Excerpt):
+    status: Literal["excerpt"] = "excerpt"
+
+
+class ResolvedTombstone(Tombstone):
+    status: Literal["tombstone"] = "tombstone"
+
+
+class Unresolved(BaseModel):
+    citation_id: str
+    status: Literal["not_found"] = "not_found"
+
+
+ResolveEntry = Annotated[
+    ResolvedExcerpt | ResolvedTombstone | Unresolved, Field(discriminator="status")
+]
+
+
+class ResolveRead(BaseModel):
+    results: list[ResolveEntry] = Field(description="One entry per id asked, in the order asked")
+
+
+def resolve_entry(resolution: Resolution) -> ResolvedExcerpt | ResolvedTombstone | Unresolved:
+    """The response entry of one resolution."""
+    found = resolution.found
+    if isinstance(found, Excerpt):
+        return ResolvedExcerpt(**found.model_dump())
+    if isinstance(found, Tombstone):
+        return ResolvedTombstone(**found.model_dump())
+    return Unresolved(citation_id=resolution.citation_id)

@@ -1,0 +1,53 @@
+"""Settings, read from the environment in this one place."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every setting the service reads, with its default. Names are the environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="GROUNDING_", extra="ignore", frozen=True)
+
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("DATABASE_URL"),
+        description="PostgreSQL server to use; unset starts the embedded PostgreSQL",
+    )
+    data_dir: Path = Field(
+        default=Path(".grounding"), description="Where the embedded PostgreSQL keeps its data"
+    )
+    pool_size: int = Field(default=10, ge=1, description="Database connections per worker")
+    db_connect_timeout: float = Field(
+        default=5.0, gt=0, description="Seconds to wait for a database connection"
+    )
+    shutdown_timeout: int = Field(
+        default=10, gt=0, description="Seconds in-flight requests get to finish on SIGTERM"
+    )
+    retry_after: int = Field(
+        default=2, ge=1, description="Retry-After seconds sent with 503 service_unavailable"
+    )
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_text_chars: int = Field(default=8 * 1024 * 1024, ge=1)
+    max_chunks_per_version: int = Field(default=10_000, ge=1)
+    max_results_per_run: int = Field(default=1_000, ge=1)
+    max_claims_per_answer: int = Field(default=1_000, ge=1)
+    max_citations_per_answer: int = Field(default=1_000, ge=1)
+    max_resolve_ids: int = Field(default=1_000, ge=1)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process's settings, read once."""
+    return Settings()
+
+
+# The app built by `create_app(settings)` overrides this dependency with its own settings.
+SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -1,0 +1,121 @@
+"""The database: declarative base, engine, sessions, and the request's transaction.
+
+The request owns the transaction: `get_session` begins it, commits before the response is sent
+and rolls back on any error, except a rejection that was recorded for audit, which commits its
+record and is then answered as the rejection it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated
+
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from fastapi import Depends, Request
+from sqlalchemy import MetaData, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import DeclarativeBase
+
+import migrations
+from app.config import Settings
+from app.errors import keeps_work
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Base of every ORM table."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def async_url(url: str) -> str:
+    """A PostgreSQL URL with the asyncpg driver, whatever driver it named."""
+    parsed = make_url(url)
+    return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+
+
+def create_engine(settings: Settings, url: str) -> AsyncEngine:
+    """The engine for one worker; bound parameters never appear in error messages."""
+    return create_async_engine(
+        async_url(url),
+        pool_size=settings.pool_size,
+        max_overflow=0,
+        pool_timeout=settings.db_connect_timeout,
+        pool_pre_ping=True,
+        hide_parameters=True,
+        connect_args={"timeout": settings.db_connect_timeout},
+    )
+
+
+def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions that keep loaded objects usable after commit."""
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
+    """One session and one transaction per request, committed before the response is sent."""
+    sessionmaker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
+    async with sessionmaker() as session:
+        try:
+            yield session
+        except BaseException as exc:
+            if keeps_work(exc):
+                await session.commit()
+            else:
+                await session.rollback()
+            raise
+        await session.commit()
+
+
+SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
+
+
+async def scope_to_tenant(session: AsyncSession, tenant: str) -> None:
+    """Scope the rest of this transaction to `tenant` (row-level security reads this setting)."""
+    await session.execute(
+        text("SELECT set_config('app.tenant', :tenant, true)"), {"tenant": tenant}
+    )
+
+
+def alembic_config(url: str) -> Config:
+    """Alembic's configuration for the migrations shipped with the package, against `url`."""
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    config.attributes["url"] = url
+    return config
+
+
+def migrate(url: str) -> None:
+    """Apply every migration to `url`; concurrent callers wait on an advisory lock in turn."""
+    command.upgrade(alembic_config(url), "head")
+
+
+def head_revision() -> str:
+    """The revision the shipped migrations end at."""
+    head = ScriptDirectory.from_config(alembic_config("")).get_current_head()
+    assert head is not None
+    return head
+
+
+async def current_revision(session: AsyncSession) -> str | None:
+    """The revision the database is at, or None when it was never migrated."""
+    exists = (await session.execute(text("SELECT to_regclass('alembic_version')"))).scalar()
+    if exists is None:
+        return None
+    return (await session.execute(text("SELECT version_num FROM alembic_version"))).scalar()

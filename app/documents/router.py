@@ -1,0 +1,64 @@
+"""The corpus registry over HTTP."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+
+from app.access.auth import IngestKey, IngestReadKey
+from app.config import SettingsDep
+from app.db import SessionDep
+from app.documents import service as documents
+from app.documents.schemas import (
+    DocumentRead,
+    ErasureCreate,
+    ErasureRead,
+    VersionCreate,
+    VersionRead,
+)
+
+router = APIRouter(prefix="/v1/documents", tags=["documents"])
+
+
+@router.post(
+    "/{document_id}/versions",
+    status_code=status.HTTP_201_CREATED,
+    responses={
+        200: {"model": VersionRead, "description": "The same content was registered before"}
+    },
+)
+async def register_version(
+    document_id: str,
+    body: VersionCreate,
+    response: Response,
+    session: SessionDep,
+    principal: IngestKey,
+    settings: SettingsDep,
+) -> VersionRead:
+    registration = await documents.register_version(
+        session, principal=principal, document_id=document_id, body=body, settings=settings
+    )
+    if not registration.created:
+        response.status_code = status.HTTP_200_OK
+    return VersionRead.model_validate(registration.version, from_attributes=True)
+
+
+@router.get("/{document_id}")
+async def get_document(
+    document_id: str, session: SessionDep, principal: IngestReadKey
+) -> DocumentRead:
+    versions = await documents.get_document(session, principal=principal, document_id=document_id)
+    return DocumentRead(
+        tenant=principal.tenant,
+        document_id=document_id,
+        versions=[VersionRead.model_validate(v, from_attributes=True) for v in versions],
+    )
+
+
+@router.post("/{document_id}/erase")
+async def erase_document(
+    document_id: str, body: ErasureCreate, session: SessionDep, principal: IngestKey
+) -> ErasureRead:
+    erasure = await documents.erase(
+        session, principal=principal, document_id=document_id, body=body
+    )
+    return ErasureRead.model_validate(erasure, from_attributes=True)

@@ -1,0 +1,213 @@
+"""Service errors and their one rendering: `application/problem+json` (RFC 9457) with a `code`.
+
+    AppError                    carries its HTTP status, `code` and extension members
+    ├── NotFound                404 not_found: missing, or another tenant's (never said which)
+    ├── Unauthorized            401 unauthorized: no key, or one that does not open
+    ├── Forbidden               403 forbidden: the key lacks the scope
+    ├── VersionConflict         409 version_conflict
+    ├── InvalidRequest          422 validation_error
+    ├── PayloadTooLarge         413 payload_too_large
+    ├── IntegrityFailure        500 integrity_error: stored text no longer matches its hash
+    └── ServiceUnavailable      503 service_unavailable, with Retry-After
+
+The core's `GroundingError`s render here too (422, with `violations` or `errors`). Document text
+never appears in a problem: details are written by the service, not copied from input or from
+the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.grounding.errors import ConfigurationError, GroundingError
+from app.grounding.excerpt import ExcerptIntegrityError
+
+logger = logging.getLogger("app.errors")
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class AppError(Exception):
+    """A failure the service answers with a problem; `extensions` become members of the body."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, detail: str, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extensions = extensions
+
+
+class NotFound(AppError):
+    """The resource does not exist for this tenant."""
+
+    status, code, title = 404, "not_found", "Not found"
+
+
+class Unauthorized(AppError):
+    """No API key, or one that does not open."""
+
+    status, code, title = 401, "unauthorized", "Unauthorized"
+
+
+class Forbidden(AppError):
+    """The key is valid but lacks the scope this operation needs."""
+
+    status, code, title = 403, "forbidden", "Forbidden"
+
+
+class VersionConflict(AppError):
+    """A registered version's content would change, or an erased version would return."""
+
+    status, code, title = 409, "version_conflict", "Version conflict"
+
+
+class InvalidRequest(AppError):
+    """The request is well-formed JSON but breaks a rule of its schema."""
+
+    status, code, title = 422, "validation_error", "Validation error"
+
+
+class PayloadTooLarge(AppError):
+    """The body, or a list or text in it, is over its configured limit."""
+
+    status, code, title = 413, "payload_too_large", "Payload too large"
+
+
+class IntegrityFailure(AppError):
+    """Stored text no longer matches the hash pinned when it was cited."""
+
+    status, code, title = 500, "integrity_error", "Integrity error"
+
+
+class ServiceUnavailable(AppError):
+    """The database cannot be reached; the client should retry after a pause."""
+
+    status, code, title = 503, "service_unavailable", "Service unavailable"
+
+
+class MethodNotAllowed(AppError):
+    """The route exists, the method does not."""
+
+    status, code, title = 405, "method_not_allowed", "Method not allowed"
+
+
+def enforce_limit(what: str, count: int, limit: int) -> None:
+    """Refuse `count` items of `what` over `limit` with a 413 that names the limit."""
+    if count > limit:
+        raise PayloadTooLarge(f"{what}: {count} is over the limit of {limit}", limit=limit)
+
+
+def keeps_work(exc: BaseException) -> bool:
+    """A rejection that was recorded for audit commits its record before it is answered."""
+    return isinstance(exc, GroundingError) and exc.verification_id is not None
+
+
+def problem(
+    status: int,
+    code: str,
+    title: str,
+    detail: str,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    """The one place a problem body is built."""
+    body = {"type": f"urn:grounding:problem:{code}", "title": title, "status": status}
+    body |= {"detail": detail, "code": code} | extra
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def grounding_problem(error: GroundingError) -> JSONResponse:
+    """A core rejection as a 422 problem, with every violation (or bad result) it found."""
+    extra: dict[str, Any] = {}
+    if isinstance(error, ConfigurationError):
+        extra["errors"] = error.errors
+    else:
+        extra["violations"] = error.violations
+    if error.verification_id is not None:
+        extra["verification_id"] = error.verification_id
+    title = error.code.replace("_", " ").capitalize()
+    return problem(422, error.code, title, error.detail, **extra)
+
+
+def database_unreachable(exc: Exception) -> bool:
+    """Whether `exc` means the database could not be reached (as opposed to a query failing)."""
+    if isinstance(exc, OSError | TimeoutError | PoolTimeoutError | InterfaceError):
+        return True
+    if isinstance(exc, DBAPIError):
+        return exc.connection_invalidated or isinstance(exc, OperationalError)
+    return False
+
+
+def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
+    """Map every error the app can raise to problem+json."""
+
+    async def on_app_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, AppError)
+        headers = {"Retry-After": str(retry_after)} if isinstance(exc, ServiceUnavailable) else None
+        return problem(exc.status, exc.code, exc.title, exc.detail, headers, **exc.extensions)
+
+    async def on_grounding_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, GroundingError)
+        return grounding_problem(exc)
+
+    async def on_excerpt_integrity(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ExcerptIntegrityError)
+        logger.error("excerpt integrity failure", extra={"citation_id": exc.citation_id})
+        request.app.state.metrics.integrity_errors.inc()
+        return await on_app_error(
+            request, IntegrityFailure("the stored text does not match the citation's hash")
+        )
+
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        # Never echo `input` or `ctx`: they may hold document text.
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        return problem(
+            422, "validation_error", "Validation error", "the request is not valid", errors=errors
+        )
+
+    async def on_http_exception(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 405:
+            error: AppError = MethodNotAllowed("this method is not allowed on this resource")
+        elif exc.status_code == 404:
+            error = NotFound("no such resource")
+        else:
+            return problem(exc.status_code, "http_error", "HTTP error", str(exc.detail))
+        return await on_app_error(request, error)
+
+    async def on_database_error(request: Request, exc: Exception) -> JSONResponse:
+        if database_unreachable(exc):
+            logger.warning("database unreachable: %s", type(exc).__name__)
+            return await on_app_error(request, ServiceUnavailable("the database cannot be reached"))
+        return internal_error(exc)
+
+    app.add_exception_handler(AppError, on_app_error)
+    app.add_exception_handler(GroundingError, on_grounding_error)
+    app.add_exception_handler(ExcerptIntegrityError, on_excerpt_integrity)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_exception)
+    # The types a database failure surfaces as; anything else is caught by the outermost
+    # middleware, which answers with `internal_error` (see `internal_error`).
+    for database_error in (SQLAlchemyError, OSError, TimeoutError):
+        app.add_exception_handler(database_error, on_database_error)
+
+
+def internal_error(exc: BaseException) -> JSONResponse:
+    """A 500 that logs only the exception's type: its message may quote stored text."""
+    logger.error("unhandled %s", type(exc).__name__)
+    return problem(500, "internal_error", "Internal error", "an internal error occurred")

@@ -1,0 +1,220 @@
+"""Retrieval results -> citations, and the per-chunk facts a citation pins.
+
+Invariants kept here:
+- a citation is issued only for a result that names a registered, unerased version and chunk
+  and repeats that chunk's span exactly; otherwise the whole run fails with every bad result
+  listed (`ConfigurationError`), and nothing is issued;
+- a chunk's UTF-8 and UTF-16 offsets and its hashes are computed once, from the text, when the
+  version is registered, so citing never needs the text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from app.grounding.errors import ConfigurationError
+from app.grounding.models import Citation, Frozen, Identifier, Locator, Span
+
+
+class RetrievalResult(Frozen):
+    """A chunk as the retriever returned it; `version`, `start` and `end` are checked here."""
+
+    document_id: Identifier
+    chunk_id: Identifier
+    version: Identifier | None = None
+    start: Annotated[int, Field(ge=0)] | None = None
+    end: Annotated[int, Field(ge=0)] | None = None
+    score: float | None = None
+    branches: dict[str, float] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedChunk:
+    """A registered chunk with the offsets and hashes computed from its version's text."""
+
+    chunk_id: str
+    span: Span
+    span_utf8: Span
+    span_utf16: Span
+    span_sha256: str
+    span_hmac: str
+    page: int | None
+    section: str | None
+    uri: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredVersion:
+    """What the registry knows of one version, restricted to the chunks a run asked for."""
+
+    erased: bool
+    uri: str | None
+    chunks: Mapping[str, PinnedChunk]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkBounds:
+    """A chunk as registered, before its offsets are computed."""
+
+    chunk_id: str
+    start: int
+    end: int
+    page: int | None = None
+    section: str | None = None
+    uri: str | None = None
+
+
+def keyed_span_hash(key: bytes, text: str) -> str:
+    """HMAC-SHA256 of the UTF-8 bytes: verifiable while the key lives, unguessable after."""
+    return hmac.new(key, text.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def span_sha256(text: str) -> str:
+    """sha256 of the characters' UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def pin_chunks(text: str, chunks: Sequence[ChunkBounds], *, hmac_key: bytes) -> list[PinnedChunk]:
+    """Compute every chunk's UTF-8/UTF-16 offsets and hashes in one pass over the text."""
+    offsets = _encoded_offsets(text, (p for c in chunks for p in (c.start, c.end)))
+    pinned = []
+    for chunk in chunks:
+        cited = text[chunk.start : chunk.end]
+        start8, start16 = offsets[chunk.start]
+        end8, end16 = offsets[chunk.end]
+        pinned.append(
+            PinnedChunk(
+                chunk_id=chunk.chunk_id,
+                span=Span(start=chunk.start, end=chunk.end),
+                span_utf8=Span(start=start8, end=end8),
+                span_utf16=Span(start=start16, end=end16),
+                span_sha256=span_sha256(cited),
+                span_hmac=keyed_span_hash(hmac_key, cited),
+                page=chunk.page,
+                section=chunk.section,
+                uri=chunk.uri,
+            )
+        )
+    return pinned
+
+
+def _encoded_offsets(text: str, positions: Iterable[int]) -> dict[int, tuple[int, int]]:
+    """Map code point offsets to (UTF-8 byte, UTF-16 unit) offsets, walking the text once."""
+    wanted = sorted(set(positions))
+    if text.isascii():
+        return {p: (p, p) for p in wanted}
+    result: dict[int, tuple[int, int]] = {}
+    previous, utf8, utf16 = 0, 0, 0
+    for position in wanted:
+        segment = text[previous:position]
+        utf8 += len(segment.encode("utf-8"))
+        utf16 += len(segment.encode("utf-16-le")) // 2
+        result[position] = (utf8, utf16)
+        previous = position
+    return result
+
+
+def cite(
+    results: Sequence[RetrievalResult],
+    registry: Mapping[tuple[str, str], RegisteredVersion],
+    *,
+    run_id: str,
+    tenant: str,
+    retrieved_at: datetime,
+    new_citation_id: Callable[[], str],
+) -> list[Citation]:
+    """One citation per result, in order, or `ConfigurationError` listing every bad result."""
+    errors: list[dict[str, Any]] = []
+    pinned: list[tuple[RetrievalResult, str, RegisteredVersion, PinnedChunk]] = []
+    for index, result in enumerate(results):
+        found = _pin(index, result, registry, errors)
+        if found is not None:
+            pinned.append((result, *found))
+    if errors:
+        bad = len({e["index"] for e in errors})
+        raise ConfigurationError(
+            f"{bad} of {len(results)} retrieved chunks cannot be pinned; no citation was issued",
+            errors=errors,
+        )
+    return [
+        Citation(
+            citation_id=new_citation_id(),
+            run_id=run_id,
+            tenant=tenant,
+            document_id=result.document_id,
+            document_version=version_name,
+            chunk_id=chunk.chunk_id,
+            span=chunk.span,
+            score=result.score,
+            branches=result.branches,
+            retrieved_at=retrieved_at,
+            locator=Locator(uri=chunk.uri or version.uri, page=chunk.page, section=chunk.section),
+            span_sha256=chunk.span_sha256,
+            span_utf8=chunk.span_utf8,
+            span_utf16=chunk.span_utf16,
+        )
+        for result, version_name, version, chunk in pinned
+    ]
+
+
+def _pin(
+    index: int,
+    result: RetrievalResult,
+    registry: Mapping[tuple[str, str], RegisteredVersion],
+    errors: list[dict[str, Any]],
+) -> tuple[str, RegisteredVersion, PinnedChunk] | None:
+    def bad(field: str, problem: str) -> None:
+        errors.append({"index": index, "field": field, "problem": problem})
+
+    for field in ("version", "start", "end"):
+        if getattr(result, field) is None:
+            bad(field, "missing")
+    if result.version is None:
+        return None
+    version = registry.get((result.document_id, result.version))
+    if version is None:
+        bad("version", "unknown_version")
+        return None
+    if version.erased:
+        bad("version", "erased_version")
+        return None
+    chunk = version.chunks.get(result.chunk_id)
+    if chunk is None:
+        bad("chunk_id", "unknown_chunk")
+        return None
+    if result.start is not None and result.start != chunk.span.start:
+        bad("start", "span_mismatch")
+    if result.end is not None and result.end != chunk.span.end:
+        bad("end", "span_mismatch")
+    if (
+        result.start is None
+        or result.end is None
+        or chunk.span != Span(start=result.start, end=result.end)
+    ):
+        return None
+    return result.version, version, chunk
+
+
+def chunk_problems(text: str, chunks: Sequence[ChunkBounds]) -> list[dict[str, Any]]:
+    """Every way `chunks` fail to be spans of `text` with unique ids, by index and field."""
+    problems: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    length = len(text)
+    for index, chunk in enumerate(chunks):
+        if chunk.chunk_id in seen:
+            problems.append({"index": index, "field": "chunk_id", "problem": "duplicate"})
+        seen.add(chunk.chunk_id)
+        if chunk.start < 0 or chunk.start >= length:
+            problems.append({"index": index, "field": "start", "problem": "outside_text"})
+        if chunk.end > length:
+            problems.append({"index": index, "field": "end", "problem": "outside_text"})
+        if chunk.end <= chunk.start:
+            problems.append({"index": index, "field": "end", "problem": "not_after_start"})
+    return problems

@@ -1,0 +1,167 @@
+"""The seed's value types: what a citation pins, and the structured answer that rests on them.
+
+Invariants kept here:
+- offsets are Unicode code points into the version's text, `start` inclusive, `end` exclusive,
+  `0 <= start < end`;
+- a `CitedAnswer` never changes after it is built (checking reads it, never repairs it);
+- a refusal carries no claims.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Identifier = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class Frozen(BaseModel):
+    """A value object: immutable, and strict about the fields it is given."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Span(Frozen):
+    """A half-open range `[start, end)` of offsets."""
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Span:
+        if self.end <= self.start:
+            raise ValueError("end must be greater than start")
+        return self
+
+
+class Locator(Frozen):
+    """Where a reader goes to look."""
+
+    uri: str | None = None
+    page: int | None = None
+    section: str | None = None
+
+
+class Citation(Frozen):
+    """One retrieved chunk, pinned: document, version, chunk, span, tenant and scores."""
+
+    citation_id: str
+    run_id: str
+    tenant: str
+    document_id: str
+    document_version: str
+    chunk_id: str
+    span: Span
+    score: float | None
+    branches: dict[str, float]
+    retrieved_at: datetime
+    locator: Locator
+    span_sha256: str | None = Field(
+        description="sha256 of the cited characters' UTF-8 bytes; null once the version is erased"
+    )
+    span_utf8: Span
+    span_utf16: Span
+
+
+class AnswerCitation(Frozen):
+    """A citation as an answer carries it: the issued fields, of which only the id is essential."""
+
+    citation_id: Identifier
+    document_id: Identifier
+    document_version: Identifier
+    tenant: str | None = None
+    run_id: str | None = None
+    chunk_id: str | None = None
+    span: Span | None = None
+    score: float | None = None
+    branches: dict[str, float] | None = None
+    retrieved_at: datetime | None = None
+    locator: Locator | None = None
+    span_sha256: str | None = None
+    span_utf8: Span | None = None
+    span_utf16: Span | None = None
+
+
+class Claim(Frozen):
+    """One statement of the answer and the citation ids it rests on."""
+
+    text: str
+    citation_ids: tuple[Identifier, ...]
+
+
+class CitedAnswer(Frozen):
+    """An answer as claims over citations; its prose is the claims' text in order."""
+
+    claims: tuple[Claim, ...] = ()
+    citations: tuple[AnswerCitation, ...] = ()
+    refusal: bool = False
+
+    @model_validator(mode="after")
+    def _refusal_has_no_claims(self) -> CitedAnswer:
+        if self.refusal and self.claims:
+            raise ValueError("a refusal carries no claims")
+        return self
+
+    @property
+    def text(self) -> str:
+        """The claims as prose, in order."""
+        return " ".join(claim.text for claim in self.claims)
+
+    def sources(self, claim: Claim) -> list[AnswerCitation]:
+        """The answer's citations that `claim` names, in the order it names them."""
+        by_id = {citation.citation_id: citation for citation in self.citations}
+        return [by_id[cid] for cid in claim.citation_ids if cid in by_id]
+
+    def provenance(self) -> list[str]:
+        """Every citation id some claim rests on, each once, in first-use order."""
+        return list(dict.fromkeys(cid for claim in self.claims for cid in claim.citation_ids))
+
+
+ViolationClass = Literal[
+    "tenant_crossing", "duplicate_citation_id", "ungrounded_citation", "uncited_claim"
+]
+
+
+class Violation(Frozen):
+    """One broken rule: its class, where it was found, and what was missing and available."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    violation_class: ViolationClass = Field(alias="class")
+    claim: int | None = None
+    citation: int | None = None
+    citation_id: str | None = None
+    field: str | None = None
+    missing: tuple[str, ...] | None = None
+    available: tuple[str, ...] | None = None
+    detail: str
+
+
+class Excerpt(Frozen):
+    """The exact cited characters of the pinned version."""
+
+    citation_id: str
+    document_id: str
+    document_version: str
+    span: Span
+    text: str
+    erased: Literal[False] = False
+    superseded_by: str | None
+    locator: Locator
+
+
+class Tombstone(Frozen):
+    """What remains of a citation whose version was erased: where it pointed, and why it is gone."""
+
+    citation_id: str
+    document_id: str
+    document_version: str
+    span: Span
+    text: None = None
+    erased: Literal[True] = True
+    erased_at: datetime
+    request_ref: str
+    superseded_by: str | None
+    locator: Locator

@@ -1,0 +1,99 @@
+"""The application: routers, error handlers, health, metrics, and the engine's lifetime."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from app.access.router import router as admin_router
+from app.answers.router import router as answers_router
+from app.citations.router import router as citations_router
+from app.config import Settings, get_settings
+from app.db import create_engine, create_sessionmaker, current_revision, head_revision
+from app.documents.router import router as documents_router
+from app.errors import ServiceUnavailable, install_error_handlers
+from app.memory.router import router as memory_router
+from app.metrics import Metrics
+from app.middleware import RequestGuard
+from app.runs.router import router as runs_router
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"content": {"application/problem+json": {}}, "description": description}
+    for status, description in {
+        401: "No API key, or one that does not open",
+        403: "The key lacks the scope",
+        404: "No such resource for this tenant",
+        413: "Over a configured limit",
+        422: "Invalid request, or a grounding rule broken",
+        503: "The database cannot be reached; retry after Retry-After seconds",
+    }.items()
+}
+
+
+def _operation_id(route: APIRoute) -> str:
+    return route.name
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; its lifespan owns the engine, unless a caller supplies the sessionmaker."""
+    settings = settings or get_settings()
+    head = head_revision()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.database_url is None:
+            raise RuntimeError("DATABASE_URL is not set; start the service with `grounding serve`")
+        engine = create_engine(settings, settings.database_url)
+        app.state.sessionmaker = create_sessionmaker(engine)
+        try:
+            yield
+        finally:
+            await engine.dispose()
+
+    app = FastAPI(
+        title="grounding-service",
+        version="0.1.0",
+        summary="Auditable citations and fail-closed grounding checks for RAG answers",
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+        responses=PROBLEM_RESPONSES,
+    )
+    app.state.metrics = Metrics()
+    app.dependency_overrides[get_settings] = lambda: settings
+    install_error_handlers(app, retry_after=settings.retry_after)
+    for router in (
+        documents_router,
+        runs_router,
+        answers_router,
+        citations_router,
+        memory_router,
+        admin_router,
+    ):
+        app.include_router(router)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz(request: Request) -> JSONResponse:
+        async with request.app.state.sessionmaker() as session:
+            revision = await current_revision(session)
+        if revision != head:
+            raise ServiceUnavailable("the database schema is not at the head revision")
+        return JSONResponse({"status": "ready", "revision": revision})
+
+    @app.get("/metrics", tags=["health"], include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        return Response(
+            generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
+
+    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,43 @@
+"""Retrieval runs over HTTP."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+
+from app.access.auth import AgentKey, ReaderKey
+from app.config import SettingsDep
+from app.db import SessionDep
+from app.errors import enforce_limit
+from app.runs import service as runs
+from app.runs.schemas import RunCreate, RunRead
+from app.runs.service import RecordedRun
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+
+def _read(recorded: RecordedRun) -> RunRead:
+    run = recorded.run
+    return RunRead(
+        run_id=run.run_id,
+        tenant=run.tenant,
+        query=run.query,
+        scope=run.scope,
+        retrieved_at=run.retrieved_at,
+        citations=recorded.citations,
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+async def record_run(
+    body: RunCreate, session: SessionDep, principal: AgentKey, settings: SettingsDep
+) -> RunRead:
+    enforce_limit("results per run", len(body.results), settings.max_results_per_run)
+    recorded = await runs.record_run(
+        session, principal=principal, query=body.query, scope=body.scope, results=body.results
+    )
+    return _read(recorded)
+
+
+@router.get("/{run_id}")
+async def get_run(run_id: str, session: SessionDep, principal: ReaderKey) -> RunRead:
+    return _read(await runs.get_run(session, tenant=principal.tenant, run_id=run_id))

@@ -1,0 +1,147 @@
+"""Retrieval runs: every result checked against the registry, one citation issued per result.
+
+Invariants kept here:
+- a run with any bad result issues nothing and writes nothing;
+- a run's citations keep the order of its results;
+- the registry is read in one statement, whatever the number of results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import bindparam, insert, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.types import Text
+
+from app.access.service import Principal
+from app.citations import service as citations
+from app.errors import NotFound
+from app.grounding.cite import PinnedChunk, RegisteredVersion, RetrievalResult, cite
+from app.grounding.models import Citation, Span
+from app.ids import new_id
+from app.models import CitationRow, Run
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRun:
+    """A run with its citations in result order."""
+
+    run: Run
+    citations: list[Citation]
+
+
+_REGISTRY = text(
+    """
+    SELECT r.document_id, r.version, r.chunk_id, v.erased_at IS NOT NULL AS erased,
+           v.uri AS version_uri, c.span_start, c.span_end, c.utf8_start, c.utf8_end,
+           c.utf16_start, c.utf16_end, c.page, c.section, c.uri, c.span_sha256, c.span_hmac
+      FROM unnest(:documents, :versions, :chunks) AS r(document_id, version, chunk_id)
+      JOIN document_versions v
+        ON v.tenant = :tenant AND v.document_id = r.document_id AND v.version = r.version
+      LEFT JOIN chunks c
+        ON c.tenant = :tenant AND c.document_id = r.document_id AND c.version = r.version
+       AND c.chunk_id = r.chunk_id
+    """
+).bindparams(
+    bindparam("documents", type_=ARRAY(Text)),
+    bindparam("versions", type_=ARRAY(Text)),
+    bindparam("chunks", type_=ARRAY(Text)),
+)
+
+
+async def _registry(
+    session: AsyncSession, tenant: str, results: Sequence[RetrievalResult]
+) -> dict[tuple[str, str], RegisteredVersion]:
+    wanted = sorted({(r.document_id, r.version, r.chunk_id) for r in results if r.version})
+    if not wanted:
+        return {}
+    documents, versions, chunks = (list(column) for column in zip(*wanted, strict=True))
+    rows = await session.execute(
+        _REGISTRY,
+        {"tenant": tenant, "documents": documents, "versions": versions, "chunks": chunks},
+    )
+    found: dict[tuple[str, str], tuple[Any, dict[str, PinnedChunk]]] = {}
+    for row in rows:
+        _, pinned = found.setdefault((row.document_id, row.version), (row, {}))
+        if row.span_start is not None:
+            pinned[row.chunk_id] = PinnedChunk(
+                chunk_id=row.chunk_id,
+                span=Span(start=row.span_start, end=row.span_end),
+                span_utf8=Span(start=row.utf8_start, end=row.utf8_end),
+                span_utf16=Span(start=row.utf16_start, end=row.utf16_end),
+                span_sha256=row.span_sha256 or "",
+                span_hmac=row.span_hmac,
+                page=row.page,
+                section=row.section,
+                uri=row.uri,
+            )
+    return {
+        key: RegisteredVersion(erased=row.erased, uri=row.version_uri, chunks=pinned)
+        for key, (row, pinned) in found.items()
+    }
+
+
+async def record_run(
+    session: AsyncSession,
+    *,
+    principal: Principal,
+    query: str | None,
+    scope: str | None,
+    results: Sequence[RetrievalResult],
+) -> RecordedRun:
+    """Check every result, issue its citation, and record the run; or issue nothing."""
+    registry = await _registry(session, principal.tenant, results)
+    run_id = new_id("run")
+    retrieved_at = datetime.now(UTC)
+    issued = cite(
+        results,
+        registry,
+        run_id=run_id,
+        tenant=principal.tenant,
+        retrieved_at=retrieved_at,
+        new_citation_id=lambda: new_id("cit"),
+    )
+    run = Run(
+        tenant=principal.tenant,
+        run_id=run_id,
+        query=query,
+        scope=scope,
+        retrieved_at=retrieved_at,
+        key_id=principal.key_id,
+        citation_count=len(issued),
+    )
+    session.add(run)
+    await session.flush()
+    if issued:
+        await session.execute(
+            insert(CitationRow),
+            [
+                citations.row_values(
+                    c,
+                    ordinal=i,
+                    span_hmac=registry[(c.document_id, c.document_version)]
+                    .chunks[c.chunk_id]
+                    .span_hmac,
+                )
+                for i, c in enumerate(issued)
+            ],
+        )
+    return RecordedRun(run=run, citations=issued)
+
+
+async def get_run(session: AsyncSession, *, tenant: str, run_id: str) -> RecordedRun:
+    """A run of `tenant` with its citations in result order, or `NotFound`."""
+    run = await session.get(Run, (tenant, run_id))
+    if run is None:
+        raise NotFound("no such run")
+    rows = await session.execute(
+        select(CitationRow)
+        .where(CitationRow.tenant == tenant, CitationRow.run_id == run_id)
+        .order_by(CitationRow.ordinal)
+    )
+    return RecordedRun(run=run, citations=[citations.from_row(r) for r in rows.scalars()])

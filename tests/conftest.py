@@ -1,0 +1,122 @@
+"""Test fixtures: a real PostgreSQL, migrated once; each test in one rolled-back transaction.
+
+`TEST_DATABASE_URL` names a server to use; unset, the embedded PostgreSQL runs in a temporary
+directory. Either way the suite works in a scratch database it creates and drops, and leaves no
+server running behind it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+
+from app.config import Settings
+from app.db import create_engine, migrate
+from app.embedded import embedded_database
+from app.main import create_app
+from tests.factories import Keys, make_keys
+
+
+def _libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def _admin(url: str, statement: str) -> None:
+    parsed = make_url(url)
+    connection = await asyncpg.connect(_libpq(str(parsed.set(database="postgres"))))
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    """A PostgreSQL server: TEST_DATABASE_URL, or the embedded one for the session."""
+    import os
+
+    given = os.environ.get("TEST_DATABASE_URL")
+    if given:
+        yield given
+        return
+    with (
+        tempfile.TemporaryDirectory(prefix="grounding-test-") as data_dir,
+        embedded_database(Path(data_dir)) as url,
+    ):
+        yield url
+
+
+@pytest.fixture(scope="session")
+def scratch_database(server_url: str) -> Iterator[str]:
+    """A fresh database on the server, migrated, dropped at the end of the session."""
+    import asyncio
+
+    name = f"grounding_test_{secrets.token_hex(4)}"
+    asyncio.run(_admin(server_url, f'CREATE DATABASE "{name}"'))
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        migrate(url)
+        yield url
+    finally:
+        asyncio.run(_admin(server_url, f'DROP DATABASE "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def settings(scratch_database: str) -> Settings:
+    return Settings(database_url=scratch_database)
+
+
+@pytest.fixture(scope="session")
+async def engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
+    assert settings.database_url is not None
+    engine = create_engine(settings, settings.database_url)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+async def connection(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """One connection and an outer transaction that is rolled back after the test."""
+    async with engine.connect() as connection:
+        transaction = await connection.begin()
+        try:
+            yield connection
+        finally:
+            await transaction.rollback()
+
+
+@pytest.fixture
+def sessionmaker(connection: AsyncConnection) -> async_sessionmaker[AsyncSession]:
+    """Sessions joining the test's transaction as savepoints: commits are real, then discarded."""
+    return async_sessionmaker(
+        bind=connection, join_transaction_mode="create_savepoint", expire_on_commit=False
+    )
+
+
+@pytest.fixture
+def app(settings: Settings, sessionmaker: async_sessionmaker[AsyncSession]) -> FastAPI:
+    app = create_app(settings)
+    app.state.sessionmaker = sessionmaker
+    return app
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://grounding.test") as client:
+        yield client
+
+
+@pytest.fixture
+async def keys(sessionmaker: async_sessionmaker[AsyncSession]) -> Keys:
+    """Tenant `acme` with a key of every scope, and tenant `globex` likewise."""
+    return await make_keys(sessionmaker)

@@ -1,0 +1,136 @@
+"""Plain async factories for test data; keyword-only overrides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.access import service as access
+from app.access.service import SCOPES
+
+# Text with emoji (a ZWJ family sequence), combining marks and CJK, so offsets are tested where
+# code points, UTF-8 bytes and UTF-16 units all differ.
+POLICY_TEXT = (
+    "Refunds are issued within 30 days. "
+    "Famille 👨‍👩‍👧 heureuse: cafe\u0301 re\u0301sume\u0301. "
+    "返金は三十日以内に行われます。 "
+    "Exchanges need a receipt 🧾."
+)
+
+
+def policy_chunks(text: str = POLICY_TEXT) -> list[dict[str, Any]]:
+    """Chunks that split the policy text at its sentences."""
+    bounds = []
+    start = 0
+    for part in ("Refunds", "Famille", "返金", "Exchanges"):
+        begin = text.index(part)
+        if begin > start:
+            bounds.append((start, begin))
+        start = begin
+    bounds.append((start, len(text)))
+    bounds = bounds[1:] if bounds[0][0] == bounds[0][1] else bounds
+    return [
+        {"chunk_id": f"c{i + 1}", "start": s, "end": e, "page": i + 1, "section": f"S{i + 1}"}
+        for i, (s, e) in enumerate(bounds)
+    ]
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Bearer headers by tenant and scope."""
+
+    secrets: dict[tuple[str, str], str]
+
+    def headers(self, scope: str, *, tenant: str = "acme") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.secrets[(tenant, scope)]}"}
+
+
+async def make_keys(
+    sessionmaker: async_sessionmaker[AsyncSession], *, tenants: tuple[str, ...] = ("acme", "globex")
+) -> Keys:
+    """A key of every scope for each tenant."""
+    found: dict[tuple[str, str], str] = {}
+    async with sessionmaker() as session, session.begin():
+        for tenant in tenants:
+            await access.create_tenant(session, name=tenant)
+            for scope in SCOPES:
+                issued = await access.create_key(session, tenant=tenant, scopes=[scope])
+                found[(tenant, scope)] = issued.secret
+    return Keys(secrets=found)
+
+
+async def register_version(
+    client: httpx.AsyncClient,
+    keys: Keys,
+    *,
+    tenant: str = "acme",
+    document_id: str = "refund-policy",
+    version: str = "2026-11-03",
+    text: str = POLICY_TEXT,
+    chunks: list[dict[str, Any]] | None = None,
+    uri: str | None = "https://handbook/refunds",
+    title: str | None = "Refunds",
+    expect: int = 201,
+) -> dict[str, Any]:
+    """Register a version through the API and return its body."""
+    response = await client.post(
+        f"/v1/documents/{document_id}/versions",
+        json={
+            "version": version,
+            "text": text,
+            "uri": uri,
+            "title": title,
+            "chunks": policy_chunks(text) if chunks is None else chunks,
+        },
+        headers=keys.headers("ingest", tenant=tenant),
+    )
+    assert response.status_code == expect, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def results_for(
+    chunks: list[dict[str, Any]],
+    *,
+    document_id: str = "refund-policy",
+    version: str = "2026-11-03",
+) -> list[dict[str, Any]]:
+    """Retrieval results that repeat the registered chunks exactly."""
+    return [
+        {
+            "document_id": document_id,
+            "version": version,
+            "chunk_id": c["chunk_id"],
+            "start": c["start"],
+            "end": c["end"],
+            "score": 0.9 - i / 100,
+            "branches": {"bm25": 11.2, "vector": 0.79, "rerank": 0.93},
+        }
+        for i, c in enumerate(chunks)
+    ]
+
+
+async def record_run(
+    client: httpx.AsyncClient,
+    keys: Keys,
+    *,
+    results: list[dict[str, Any]] | None = None,
+    tenant: str = "acme",
+    expect: int = 201,
+) -> dict[str, Any]:
+    """Record a run (over the default policy's chunks unless `results` are given)."""
+    response = await client.post(
+        "/v1/runs",
+        json={
+            "query": "how long do refunds take?",
+            "scope": "HANDBOOK",
+            "results": results_for(policy_chunks()) if results is None else results,
+        },
+        headers=keys.headers("agent", tenant=tenant),
+    )
+    assert response.status_code == expect, response.text
+    body: dict[str, Any] = response.json()
+    return body
