@@ -80,6 +80,19 @@ def _bootstrap_command(args: argparse.Namespace, settings: Settings) -> None:
             raise SystemExit(2) from None
 
 
+def openapi_document() -> str:
+    """The app's OpenAPI document as YAML, as committed in `openapi.yaml`."""
+    import yaml
+
+    from app.main import create_app
+
+    return yaml.safe_dump(create_app(Settings()).openapi(), sort_keys=False, allow_unicode=True)
+
+
+def _openapi(args: argparse.Namespace, settings: Settings) -> None:
+    print(openapi_document(), end="")
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line, as the README documents it."""
     root = argparse.ArgumentParser(prog="grounding", description=__doc__)
@@ -90,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=1)
     serve.set_defaults(handler=_serve)
     commands.add_parser("migrate", help="apply migrations and exit").set_defaults(handler=_migrate)
+    commands.add_parser("openapi", help="print the OpenAPI document (YAML)").set_defaults(
+        handler=_openapi
+    )
     tenants = commands.add_parser("tenants", help="manage tenants")
     tenants_commands = tenants.add_subparsers(dest="action", required=True)
     create_tenant = tenants_commands.add_parser("create", help="create a tenant")
