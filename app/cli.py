@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,9 +26,17 @@ def database(settings: Settings) -> Iterator[str]:
         yield url
 
 
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def _serve(args: argparse.Namespace, settings: Settings) -> None:
     import uvicorn
 
+    # uvicorn drains requests on SIGINT/SIGTERM, then re-raises the signal to the handler it
+    # found: this one, so that the embedded database below is stopped before the process exits.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, _exit_cleanly)
     with database(settings) as url:
         migrate(url)
         # Workers (and this process's own app factory) read the URL from the environment.

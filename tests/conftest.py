@@ -30,7 +30,8 @@ def _libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-async def _admin(url: str, statement: str) -> None:
+async def admin_execute(url: str, statement: str) -> None:
+    """Run one statement in the server's maintenance database (CREATE/DROP DATABASE)."""
     parsed = make_url(url)
     connection = await asyncpg.connect(_libpq(str(parsed.set(database="postgres"))))
     try:
@@ -61,13 +62,13 @@ def scratch_database(server_url: str) -> Iterator[str]:
     import asyncio
 
     name = f"grounding_test_{secrets.token_hex(4)}"
-    asyncio.run(_admin(server_url, f'CREATE DATABASE "{name}"'))
+    asyncio.run(admin_execute(server_url, f'CREATE DATABASE "{name}"'))
     url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
     try:
         migrate(url)
         yield url
     finally:
-        asyncio.run(_admin(server_url, f'DROP DATABASE "{name}" WITH (FORCE)'))
+        asyncio.run(admin_execute(server_url, f'DROP DATABASE "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture(scope="session")

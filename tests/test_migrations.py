@@ -1,0 +1,83 @@
+"""Migrations: up, down and up again on a scratch database, no drift, one migrator at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import app.models  # noqa: F401
+from app.db import Base, alembic_config, async_url, head_revision, migrate
+from tests.conftest import admin_execute
+
+
+@pytest.fixture
+async def blank_database(server_url: str) -> AsyncIterator[str]:
+    name = f"grounding_scratch_{secrets.token_hex(4)}"
+    await admin_execute(server_url, f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        await admin_execute(server_url, f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def _drift(connection: Connection) -> list[Any]:
+    context = MigrationContext.configure(connection, opts={"compare_type": True})
+    return list(compare_metadata(context, Base.metadata))
+
+
+async def _inspect(url: str) -> tuple[list[Any], list[str]]:
+    engine = create_async_engine(async_url(url))
+    try:
+        async with engine.connect() as connection:
+            drift = await connection.run_sync(_drift)
+            versions = await connection.execute(text("SELECT version_num FROM alembic_version"))
+            return drift, list(versions.scalars())
+    finally:
+        await engine.dispose()
+
+
+async def test_upgrade_downgrade_upgrade_leaves_no_drift(blank_database: str) -> None:
+    config = alembic_config(blank_database)
+    await asyncio.to_thread(command.upgrade, config, "head")
+    await asyncio.to_thread(command.downgrade, config, "base")
+    await asyncio.to_thread(command.upgrade, config, "head")
+    drift, versions = await _inspect(blank_database)
+    assert drift == []
+    assert versions == [head_revision()]
+
+
+def test_concurrent_migrations_apply_once(blank_database: str) -> None:
+    environment = {**os.environ, "DATABASE_URL": blank_database}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "app", "migrate"],
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=120) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0, 0], outputs
+    _, versions = asyncio.run(_inspect(blank_database))
+    assert versions == [head_revision()]
+
+
+async def test_migrate_is_a_no_op_at_head(blank_database: str) -> None:
+    await asyncio.to_thread(migrate, blank_database)
+    await asyncio.to_thread(migrate, blank_database)
+    drift, versions = await _inspect(blank_database)
+    assert (drift, versions) == ([], [head_revision()])
