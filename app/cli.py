@@ -37,17 +37,20 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
     # found: this one, so that the embedded database below is stopped before the process exits.
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, _exit_cleanly)
+    workers = settings.workers if args.workers is None else args.workers
     with database(settings) as url:
         migrate(url)
-        # Workers (and this process's own app factory) read the URL from the environment.
+        # Workers (and this process's own app factory) read the URL from the environment, and
+        # the worker count, which divides the connection budget into their pools.
         os.environ["DATABASE_URL"] = url
+        os.environ["GROUNDING_WORKERS"] = str(workers)
         get_settings.cache_clear()
         uvicorn.run(
             "app.main:create_app",
             factory=True,
             host=args.host,
             port=args.port,
-            workers=args.workers,
+            workers=workers,
             timeout_graceful_shutdown=settings.shutdown_timeout,
             log_level="info",
             access_log=False,
@@ -102,6 +105,13 @@ def _openapi(args: argparse.Namespace, settings: Settings) -> None:
     print(openapi_document(), end="")
 
 
+def _positive(value: str) -> int:
+    number = int(value) if value.isdecimal() else 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")
+    return number
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line, as the README documents it."""
     root = argparse.ArgumentParser(prog="grounding", description=__doc__)
@@ -109,7 +119,9 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="apply migrations, then serve")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument(
+        "--workers", type=_positive, help="worker processes (default: GROUNDING_WORKERS, 1)"
+    )
     serve.set_defaults(handler=_serve)
     commands.add_parser("migrate", help="apply migrations and exit").set_defaults(handler=_migrate)
     commands.add_parser("openapi", help="print the OpenAPI document (YAML)").set_defaults(

@@ -24,7 +24,14 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         default=Path(".grounding"), description="Where the embedded PostgreSQL keeps its data"
     )
-    pool_size: int = Field(default=10, ge=1, description="Database connections per worker")
+    workers: int = Field(
+        default=1, ge=1, description="Worker processes of `grounding serve`; --workers overrides it"
+    )
+    db_max_connections: int = Field(
+        default=20,
+        ge=1,
+        description="Database connections one `grounding serve` holds at most, across its workers",
+    )
     db_connect_timeout: float = Field(
         default=5.0, gt=0, description="Seconds to wait for a database connection"
     )
@@ -34,13 +41,28 @@ class Settings(BaseSettings):
     retry_after: int = Field(
         default=2, ge=1, description="Retry-After seconds sent with 503 service_unavailable"
     )
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
-    max_text_chars: int = Field(default=8 * 1024 * 1024, ge=1)
-    max_chunks_per_version: int = Field(default=10_000, ge=1)
-    max_results_per_run: int = Field(default=1_000, ge=1)
-    max_claims_per_answer: int = Field(default=1_000, ge=1)
-    max_citations_per_answer: int = Field(default=1_000, ge=1)
-    max_resolve_ids: int = Field(default=1_000, ge=1)
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body, in bytes, checked while it streams in",
+    )
+    max_text_chars: int = Field(
+        default=8 * 1024 * 1024, ge=1, description="Longest version text, in code points"
+    )
+    max_chunks_per_version: int = Field(
+        default=10_000, ge=1, description="Chunks per registered version"
+    )
+    max_results_per_run: int = Field(default=1_000, ge=1, description="Results per retrieval run")
+    max_claims_per_answer: int = Field(default=1_000, ge=1, description="Claims per answer")
+    max_citations_per_answer: int = Field(default=1_000, ge=1, description="Citations per answer")
+    max_resolve_ids: int = Field(
+        default=1_000, ge=1, description="Ids per `POST /v1/citations/resolve`"
+    )
+
+    @property
+    def pool_size(self) -> int:
+        """Connections per worker: the connection budget shared by the workers, one at least."""
+        return max(1, self.db_max_connections // self.workers)
 
 
 @lru_cache
