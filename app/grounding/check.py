@@ -28,6 +28,10 @@ _PINNED_FIELDS = (
     "span",
     "span_utf8",
     "span_utf16",
+    "score",
+    "branches",
+    "retrieved_at",
+    "locator",
 )
 
 
