@@ -25,7 +25,7 @@ from app.errors import NotFound
 from app.grounding.check import find_violations, rejection
 from app.grounding.models import Citation, CitedAnswer
 from app.ids import new_id
-from app.models import CitationRow, Run, Verification
+from app.models import Chunk, CitationRow, Run, Verification
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +62,37 @@ async def _issued(session: AsyncSession, tenant: str, run_id: str) -> list[Citat
     return [citations.from_row(row.CitationRow) for row in rows if row.CitationRow is not None]
 
 
+async def _cited_texts(
+    session: AsyncSession, tenant: str, run_id: str, citation_ids: set[str]
+) -> dict[str, str]:
+    rows = await session.execute(
+        select(CitationRow.citation_id, Chunk.text)
+        .join(
+            Chunk,
+            (Chunk.tenant == CitationRow.tenant)
+            & (Chunk.document_id == CitationRow.document_id)
+            & (Chunk.version == CitationRow.document_version)
+            & (Chunk.chunk_id == CitationRow.chunk_id),
+        )
+        .where(
+            CitationRow.tenant == tenant,
+            CitationRow.run_id == run_id,
+            CitationRow.citation_id.in_(citation_ids),
+            Chunk.text.is_not(None),
+        )
+    )
+    return {row.citation_id: row.text for row in rows}
+
+
 async def verify_answer(
     session: AsyncSession, *, principal: Principal, run_id: str, answer: CitedAnswer
 ) -> Verification:
     """Check `answer` against run `run_id`, record the attempt, and raise if it is rejected."""
     issued = await _issued(session, principal.tenant, run_id)
-    violations = find_violations(answer, issued, tenant=principal.tenant)
+    quoted = {quote.citation_id for claim in answer.claims for quote in claim.quotes}
+    # Quotes need the cited characters: one more statement, only when there are quotes.
+    cited_texts = await _cited_texts(session, principal.tenant, run_id, quoted) if quoted else {}
+    violations = find_violations(answer, issued, tenant=principal.tenant, cited_texts=cited_texts)
     error = rejection(violations)
     if error is not None:
         outcome, code = "rejected", error.code
@@ -82,6 +107,7 @@ async def verify_answer(
         "outcome": outcome,
         "code": code,
         "violations": error.violations if error is not None else [],
+        # Quoted words are corpus text, which erasure must be able to remove: not kept here.
         "claims": [
             {"text": claim.text, "citation_ids": list(claim.citation_ids)}
             for claim in answer.claims

@@ -11,11 +11,11 @@ Invariants kept here:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from app.grounding.errors import VIOLATION_ORDER, GroundingError
-from app.grounding.models import AnswerCitation, Citation, CitedAnswer, Violation
+from app.grounding.models import AnswerCitation, Citation, CitedAnswer, Claim, Violation
 
 Outcome = Literal["grounded", "refused"]
 
@@ -36,9 +36,17 @@ _PINNED_FIELDS = (
 
 
 def find_violations(
-    answer: CitedAnswer, issued: Sequence[Citation], *, tenant: str
+    answer: CitedAnswer,
+    issued: Sequence[Citation],
+    *,
+    tenant: str,
+    cited_texts: Mapping[str, str] | None = None,
 ) -> list[Violation]:
-    """Every rule `answer` breaks against the citations its run `issued` to `tenant`."""
+    """Every rule `answer` breaks against the citations its run `issued` to `tenant`.
+
+    `cited_texts` holds the pinned characters of issued citations by id; a quote is checked
+    against them, and one whose citation's characters are not there (erased, or not given) fails.
+    """
     issued_by_id = {citation.citation_id: citation for citation in issued}
     issued_ids = tuple(issued_by_id)
     carried_ids = tuple(citation.citation_id for citation in answer.citations)
@@ -64,6 +72,7 @@ def find_violations(
             )
         )
     carried = set(carried_ids)
+    positions = {cid: i for i, cid in reversed(list(enumerate(carried_ids)))}
     for index, claim in enumerate(answer.claims):
         if not issued:
             violations.append(
@@ -92,6 +101,30 @@ def find_violations(
                     detail="the claim names citation ids the answer does not carry",
                 )
             )
+        violations.extend(_quote_violations(index, claim, cited_texts or {}, positions))
+    return violations
+
+
+def _quote_violations(
+    index: int, claim: Claim, cited_texts: Mapping[str, str], positions: Mapping[str, int]
+) -> list[Violation]:
+    violations = []
+    for quote in claim.quotes:
+        if quote.citation_id not in claim.citation_ids:
+            detail = "the quote names a citation the claim does not rest on"
+        elif quote.text not in cited_texts.get(quote.citation_id, ""):
+            detail = "the quoted words do not occur in the cited span"
+        else:
+            continue
+        violations.append(
+            Violation(
+                violation_class="quote_mismatch",
+                claim=index,
+                citation=positions.get(quote.citation_id),
+                citation_id=quote.citation_id,
+                detail=detail,
+            )
+        )
     return violations
 
 
@@ -161,9 +194,15 @@ def rejection(violations: Sequence[Violation]) -> GroundingError | None:
     return None
 
 
-def check_grounding(answer: CitedAnswer, issued: Sequence[Citation], *, tenant: str) -> Outcome:
+def check_grounding(
+    answer: CitedAnswer,
+    issued: Sequence[Citation],
+    *,
+    tenant: str,
+    cited_texts: Mapping[str, str] | None = None,
+) -> Outcome:
     """Raise the first failing class with every violation; otherwise say how the answer passed."""
-    error = rejection(find_violations(answer, issued, tenant=tenant))
+    error = rejection(find_violations(answer, issued, tenant=tenant, cited_texts=cited_texts))
     if error is not None:
         raise error
     return "refused" if answer.refusal else "grounded"

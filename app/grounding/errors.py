@@ -5,6 +5,7 @@
     ├── TenantCrossingError         an answer citation names another tenant
     ├── DuplicateCitationIdError    two answer citations share an id
     ├── UngroundedCitationError     an id the answer or run lacks (`missing`, `available`)
+    ├── QuoteMismatchError          a quote does not occur in its citation's pinned span
     └── UncitedClaimError           a claim rests on no citation
 
 Each class has the problem `code` the service answers with, so the client can map a code back
@@ -73,6 +74,12 @@ class UngroundedCitationError(GroundingError):
     code = "ungrounded_citation"
 
 
+class QuoteMismatchError(GroundingError):
+    """A claim quotes words that do not occur in the cited span."""
+
+    code = "quote_mismatch"
+
+
 class UncitedClaimError(GroundingError):
     """A claim rests on no citation, or the run retrieved nothing to rest on."""
 
@@ -84,6 +91,7 @@ VIOLATION_ORDER: tuple[type[GroundingError], ...] = (
     TenantCrossingError,
     DuplicateCitationIdError,
     UngroundedCitationError,
+    QuoteMismatchError,
     UncitedClaimError,
 )
 

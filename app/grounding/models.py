@@ -84,11 +84,19 @@ class AnswerCitation(Frozen):
     span_utf16: Span | None = None
 
 
+class Quote(Frozen):
+    """Words a claim quotes from one of its citations; they must occur in its pinned span."""
+
+    citation_id: Identifier
+    text: Annotated[str, Field(min_length=1)]
+
+
 class Claim(Frozen):
-    """One statement of the answer and the citation ids it rests on."""
+    """One statement of the answer, the citation ids it rests on, and any words it quotes."""
 
     text: str
     citation_ids: tuple[Identifier, ...]
+    quotes: tuple[Quote, ...] = ()
 
 
 class CitedAnswer(Frozen):
@@ -120,7 +128,11 @@ class CitedAnswer(Frozen):
 
 
 ViolationClass = Literal[
-    "tenant_crossing", "duplicate_citation_id", "ungrounded_citation", "uncited_claim"
+    "tenant_crossing",
+    "duplicate_citation_id",
+    "ungrounded_citation",
+    "quote_mismatch",
+    "uncited_claim",
 ]
 
 
