@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from app.grounding.errors import ConfigurationError
 from app.grounding.models import Citation, Frozen, Identifier, Locator, Span
@@ -25,6 +25,10 @@ from app.grounding.models import Citation, Frozen, Identifier, Locator, Span
 
 class RetrievalResult(Frozen):
     """A chunk as the retriever returned it; `version`, `start` and `end` are checked here."""
+
+    # A field of the wrong JSON type is a validation error, never coerced into a value that
+    # would then be reported as a span mismatch (`true` as 1, "12" as 12); scores are finite.
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
 
     document_id: Identifier
     chunk_id: Identifier
@@ -193,11 +197,7 @@ def _pin(
         bad("start", "span_mismatch")
     if result.end is not None and result.end != chunk.span.end:
         bad("end", "span_mismatch")
-    if (
-        result.start is None
-        or result.end is None
-        or chunk.span != Span(start=result.start, end=result.end)
-    ):
+    if (result.start, result.end) != (chunk.span.start, chunk.span.end):
         return None
     return result.version, version, chunk
 
