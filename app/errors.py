@@ -149,6 +149,17 @@ def database_unreachable(exc: Exception) -> bool:
     return False
 
 
+# The SQLSTATEs of a character PostgreSQL cannot store (a NUL, or one with no encoding): only
+# a request brings one, so the request is what is invalid.
+_UNSTORABLE_CHARACTER = frozenset({"22021", "22P05"})
+
+
+def unstorable_character(exc: Exception) -> bool:
+    """Whether `exc` is the database refusing a character of some text in the request."""
+    sqlstate = getattr(exc.orig, "sqlstate", None) if isinstance(exc, DBAPIError) else None
+    return sqlstate in _UNSTORABLE_CHARACTER
+
+
 def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
     """Map every error the app can raise to problem+json."""
 
@@ -194,6 +205,11 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
         if database_unreachable(exc):
             logger.warning("database unreachable: %s", type(exc).__name__)
             return await on_app_error(request, ServiceUnavailable("the database cannot be reached"))
+        if unstorable_character(exc):
+            return await on_app_error(
+                request,
+                InvalidRequest("a text in the request holds a character that cannot be stored"),
+            )
         return internal_error(exc)
 
     app.add_exception_handler(AppError, on_app_error)

@@ -5,20 +5,34 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from app.grounding.models import Identifier
 
 ShortText = Annotated[str, Field(max_length=4096)]
+# The range of the column a page is stored in.
+Page = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+def _storable(text: str) -> str:
+    # PostgreSQL text holds no NUL, and a lone surrogate has no UTF-8 bytes to hash or store.
+    if "\x00" in text:
+        raise ValueError("the text holds a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the text holds a lone surrogate") from None
+    return text
 
 
 class ChunkCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Offsets are JSON integers: "12", 12.0 or true are refused rather than coerced.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     chunk_id: Identifier
     start: int
     end: int
-    page: int | None = None
+    page: Page | None = None
     section: ShortText | None = None
     uri: ShortText | None = None
 
@@ -27,7 +41,7 @@ class VersionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: Identifier
-    text: str
+    text: Annotated[str, AfterValidator(_storable)]
     uri: ShortText | None = None
     title: ShortText | None = None
     chunks: list[ChunkCreate]
