@@ -134,3 +134,40 @@ async def record_run(
     assert response.status_code == expect, response.text
     body: dict[str, Any] = response.json()
     return body
+
+
+def many_chunks(count: int) -> tuple[str, list[dict[str, Any]]]:
+    """A text of `count` sentences (emoji and CJK in each) and one chunk per sentence."""
+    sentences = [f"Rule {i}: refunds 🧾 返金 within {i} days. " for i in range(count)]
+    chunks, start = [], 0
+    for i, sentence in enumerate(sentences):
+        chunks.append({"chunk_id": f"r{i}", "start": start, "end": start + len(sentence)})
+        start += len(sentence)
+    return "".join(sentences), chunks
+
+
+def claim(text: str, *citation_ids: str) -> dict[str, Any]:
+    """A claim as an answer carries it."""
+    return {"text": text, "citation_ids": list(citation_ids)}
+
+
+async def submit_answer(
+    client: httpx.AsyncClient,
+    keys: Keys,
+    run_id: str,
+    *,
+    claims: list[dict[str, Any]],
+    citations: list[dict[str, Any]],
+    refusal: bool = False,
+    tenant: str = "acme",
+    expect: int = 200,
+) -> dict[str, Any]:
+    """Submit an answer for verification and return the body (a problem when `expect` is 422)."""
+    response = await client.post(
+        f"/v1/runs/{run_id}/answers",
+        json={"claims": claims, "citations": citations, "refusal": refusal},
+        headers=keys.headers("agent", tenant=tenant),
+    )
+    assert response.status_code == expect, response.text
+    body: dict[str, Any] = response.json()
+    return body
