@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.citations.service import Resolution
 from app.grounding.models import Excerpt, Identifier, Tombstone
+
+
+# Named by shape, not imported from the service: the client reuses these bodies and must not
+# import the database with them.
+class Resolution(Protocol):
+    """What one asked-for id resolved to: an excerpt, a tombstone, or nothing."""
+
+    @property
+    def citation_id(self) -> str: ...
+
+    @property
+    def found(self) -> Excerpt | Tombstone | None: ...
 
 
 class ResolveRequest(BaseModel):
