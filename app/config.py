@@ -21,6 +21,13 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("DATABASE_URL"),
         description="PostgreSQL server to use; unset starts the embedded PostgreSQL",
     )
+    app_database_url: str | None = Field(
+        default=None,
+        description=(
+            "The server as the service's requests reach it: a role that owns nothing and cannot"
+            " bypass row-level security; unset, DATABASE_URL as the role grounding_app"
+        ),
+    )
     data_dir: Path = Field(
         default=Path(".grounding"), description="Where the embedded PostgreSQL keeps its data"
     )

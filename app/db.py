@@ -50,6 +50,18 @@ def async_url(url: str) -> str:
     return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
+# The role requests run as; created by the migrations, which run as the schema's owner.
+APP_ROLE = "grounding_app"
+
+
+def request_url(settings: Settings, owner_url: str) -> str:
+    """The URL requests use: the configured one, or the owner's URL as `APP_ROLE`."""
+    if settings.app_database_url:
+        return settings.app_database_url
+    as_app = make_url(owner_url).set(username=APP_ROLE, password=None)
+    return as_app.render_as_string(hide_password=False)
+
+
 def create_engine(settings: Settings, url: str) -> AsyncEngine:
     """The engine for one worker; bound parameters never appear in error messages."""
     return create_async_engine(

@@ -15,7 +15,13 @@ from app.access.router import router as admin_router
 from app.answers.router import router as answers_router
 from app.citations.router import router as citations_router
 from app.config import Settings, get_settings
-from app.db import create_engine, create_sessionmaker, current_revision, head_revision
+from app.db import (
+    create_engine,
+    create_sessionmaker,
+    current_revision,
+    head_revision,
+    request_url,
+)
 from app.documents.router import router as documents_router
 from app.errors import ServiceUnavailable, install_error_handlers
 from app.memory.router import router as memory_router
@@ -49,7 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.database_url is None:
             raise RuntimeError("DATABASE_URL is not set; start the service with `grounding serve`")
-        engine = create_engine(settings, settings.database_url)
+        engine = create_engine(settings, request_url(settings, settings.database_url))
         app.state.sessionmaker = create_sessionmaker(engine)
         try:
             yield

@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import Settings
-from app.db import create_engine, migrate
+from app.db import create_engine, migrate, request_url
 from app.embedded import embedded_database
 from app.main import create_app
 from tests.factories import Keys, make_keys
@@ -78,8 +78,9 @@ def settings(scratch_database: str) -> Settings:
 
 @pytest.fixture(scope="session")
 async def engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
+    """Connections as the service's requests make them: the role row-level security binds."""
     assert settings.database_url is not None
-    engine = create_engine(settings, settings.database_url)
+    engine = create_engine(settings, request_url(settings, settings.database_url))
     yield engine
     await engine.dispose()
 
