@@ -103,7 +103,7 @@ def naive_provenance(answer: CitedAnswer) -> list[str]:
 @st.composite
 def issued_runs(draw: st.DrawFn, *, min_size: int = 1) -> list[Citation]:
     """Citations one run issued to TENANT: unique ids, random documents, versions and spans."""
-    size = draw(st.integers(min_value=min_size, max_value=12))
+    size = draw(st.integers(min_value=min_size, max_value=6))
     citations = []
     for index in range(size):
         start = draw(st.integers(min_value=0, max_value=10_000))
@@ -112,7 +112,7 @@ def issued_runs(draw: st.DrawFn, *, min_size: int = 1) -> list[Citation]:
         extra16 = draw(st.integers(min_value=0, max_value=length))
         citations.append(
             Citation(
-                citation_id=f"cit_{index}_{draw(st.text('abcdef0123456789', max_size=6))}",
+                citation_id=f"cit_{index}",
                 run_id=RUN,
                 tenant=TENANT,
                 document_id=draw(st.sampled_from(["refund-policy", "shipping", "返金"])),
@@ -160,11 +160,11 @@ def grounded_answers(draw: st.DrawFn, *, min_claims: int = 1) -> tuple[CitedAnsw
         st.lists(
             st.builds(
                 Claim,
-                text=st.text(max_size=40),
-                citation_ids=st.lists(st.sampled_from(ids), min_size=1, max_size=5).map(tuple),
+                text=st.text(max_size=12),
+                citation_ids=st.lists(st.sampled_from(ids), min_size=1, max_size=4).map(tuple),
             ),
             min_size=min_claims,
-            max_size=8,
+            max_size=5,
         )
     )
     answer = CitedAnswer(
