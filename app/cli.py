@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from app.config import Settings, get_settings
-from app.db import create_engine, create_sessionmaker, migrate
+from app.db import app_password, create_engine, create_sessionmaker, migrate
 
 
 @contextmanager
@@ -39,7 +39,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
         signal.signal(stop_signal, _exit_cleanly)
     workers = settings.workers if args.workers is None else args.workers
     with database(settings) as url:
-        migrate(url)
+        migrate(url, app_password=app_password(settings))
         # Workers (and this process's own app factory) read the URL from the environment, and
         # the worker count, which divides the connection budget into their pools.
         os.environ["DATABASE_URL"] = url
@@ -59,7 +59,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> None:
     with database(settings) as url:
-        migrate(url)
+        migrate(url, app_password=app_password(settings))
     print("migrations applied")
 
 
@@ -84,7 +84,7 @@ def _bootstrap_command(args: argparse.Namespace, settings: Settings) -> None:
     from app.errors import AppError
 
     with database(settings) as url:
-        migrate(url)
+        migrate(url, app_password=app_password(settings))
         try:
             print(asyncio.run(_bootstrap(url, settings, args)))
         except AppError as error:

@@ -7,6 +7,7 @@ record and is then answered as the rejection it is.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated
@@ -24,6 +25,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.pool import NullPool
 
 import migrations
 from app.config import Settings
@@ -113,9 +115,36 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-def migrate(url: str) -> None:
-    """Apply every migration to `url`; concurrent callers wait on an advisory lock in turn."""
+def migrate(url: str, *, app_password: str | None = None) -> None:
+    """Apply every migration to `url` (concurrent callers take turns on an advisory lock), and
+    give `APP_ROLE` its password when requests reach the server with one."""
     command.upgrade(alembic_config(url), "head")
+    if app_password:
+        asyncio.run(_set_app_password(url, app_password))
+
+
+def app_password(settings: Settings) -> str | None:
+    """The password in `GROUNDING_APP_DATABASE_URL`, which `APP_ROLE` must then have."""
+    if not settings.app_database_url:
+        return None
+    password = make_url(settings.app_database_url).password
+    return str(password) if password is not None else None
+
+
+async def _set_app_password(url: str, password: str) -> None:
+    engine = create_async_engine(async_url(url), poolclass=NullPool, hide_parameters=True)
+    try:
+        async with engine.begin() as connection:
+            statement = await connection.scalar(
+                text(
+                    "SELECT format('ALTER ROLE %I PASSWORD %L',"
+                    " CAST(:role AS text), CAST(:password AS text))"
+                ),
+                {"role": APP_ROLE, "password": password},
+            )
+            await connection.exec_driver_sql(statement)
+    finally:
+        await engine.dispose()
 
 
 def head_revision() -> str:

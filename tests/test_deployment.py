@@ -262,7 +262,7 @@ def test_serve_hands_its_worker_count_to_uvicorn_and_to_the_workers(
 ) -> None:
     runs: list[dict[str, Any]] = []
     monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: runs.append(kwargs))
-    monkeypatch.setattr(cli, "migrate", lambda url: None)
+    monkeypatch.setattr(cli, "migrate", lambda url, **options: None)
     monkeypatch.setattr(cli, "database", lambda settings: _no_database("postgresql://db/x"))
     monkeypatch.setattr(signal, "signal", lambda *args: None)
     monkeypatch.setenv("DATABASE_URL", "postgresql://db/x")

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import app.models  # noqa: F401
-from app.db import Base, alembic_config, async_url, head_revision, migrate
+from app.db import APP_ROLE, Base, alembic_config, async_url, head_revision, migrate
 from tests.conftest import admin_execute
 
 
@@ -81,3 +81,34 @@ async def test_migrate_is_a_no_op_at_head(blank_database: str) -> None:
     await asyncio.to_thread(migrate, blank_database)
     drift, versions = await _inspect(blank_database)
     assert (drift, versions) == ([], [head_revision()])
+
+
+async def _app_role_has_password(url: str) -> bool:
+    engine = create_async_engine(async_url(url))
+    try:
+        async with engine.connect() as connection:
+            found = await connection.scalar(
+                text("SELECT rolpassword IS NOT NULL FROM pg_authid WHERE rolname = :role"),
+                {"role": APP_ROLE},
+            )
+            return bool(found)
+    finally:
+        await engine.dispose()
+
+
+def test_migrate_gives_the_request_role_the_password_of_its_url(blank_database: str) -> None:
+    try:
+        migrate(blank_database, app_password="it's a s3cret")
+        assert asyncio.run(_app_role_has_password(blank_database))
+    finally:
+        asyncio.run(_clear_app_password(blank_database))
+    assert not asyncio.run(_app_role_has_password(blank_database))
+
+
+async def _clear_app_password(url: str) -> None:
+    engine = create_async_engine(async_url(url))
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(text(f"ALTER ROLE {APP_ROLE} PASSWORD NULL"))
+    finally:
+        await engine.dispose()
