@@ -165,7 +165,12 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
 
     async def on_app_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, AppError)
-        headers = {"Retry-After": str(retry_after)} if isinstance(exc, ServiceUnavailable) else None
+        headers = None
+        if isinstance(exc, ServiceUnavailable):
+            headers = {"Retry-After": str(retry_after)}
+        elif isinstance(exc, Unauthorized):
+            # A 401 names the scheme that would open the resource (RFC 9110, 15.5.2).
+            headers = {"WWW-Authenticate": "Bearer"}
         return problem(exc.status, exc.code, exc.title, exc.detail, headers, **exc.extensions)
 
     async def on_grounding_error(request: Request, exc: Exception) -> JSONResponse:
@@ -199,7 +204,10 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
             error = NotFound("no such resource")
         else:
             return problem(exc.status_code, "http_error", "HTTP error", str(exc.detail))
-        return await on_app_error(request, error)
+        response = await on_app_error(request, error)
+        # Starlette's own headers stay: a 405 says in `Allow` which methods the resource has.
+        response.headers.update(exc.headers or {})
+        return response
 
     async def on_database_error(request: Request, exc: Exception) -> JSONResponse:
         if database_unreachable(exc):
