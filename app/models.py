@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column
@@ -136,7 +137,10 @@ class Run(Base):
     """A recorded retrieval run."""
 
     __tablename__ = "runs"
-    __table_args__ = (Index(None, "tenant", "retrieved_at"),)
+    __table_args__ = (
+        Index(None, "tenant", "retrieved_at"),
+        Index(None, "tenant", "key_id", "retrieved_at"),
+    )
 
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
     run_id: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -188,6 +192,9 @@ class Verification(Base):
         ForeignKeyConstraint(["tenant", "run_id"], ["runs.tenant", "runs.run_id"]),
         Index(None, "tenant", "run_id"),
         Index(None, "tenant", "created_at"),
+        Index(None, "tenant", "outcome", "created_at"),
+        Index(None, "tenant", "code", "created_at"),
+        Index(None, "tenant", "key_id", "created_at"),
     )
 
     tenant: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -209,6 +216,7 @@ class MemoryRecord(Base):
     """Text written back to memory, with the citation ids it came from."""
 
     __tablename__ = "memory_records"
+    __table_args__ = (Index(None, "tenant", "created_at"),)
 
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
     memory_id: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -223,7 +231,11 @@ class Erasure(Base):
     """A right-to-erasure request carried out on some versions of one document."""
 
     __tablename__ = "erasures"
-    __table_args__ = (Index(None, "tenant", "document_id"),)
+    __table_args__ = (
+        Index(None, "tenant", "document_id"),
+        Index(None, "tenant", "erased_at"),
+        Index(None, "tenant", "key_id", "erased_at"),
+    )
 
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
     erasure_id: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -233,3 +245,66 @@ class Erasure(Base):
     request_ref: Mapped[str] = mapped_column(Text)
     key_id: Mapped[str] = mapped_column(Text)
     erased_at: Mapped[datetime] = mapped_column(Timestamp)
+
+
+class VerificationCitation(Base):
+    """A citation id one verification's claims rest on, so a source's blast radius is indexed."""
+
+    __tablename__ = "verification_citations"
+    __table_args__ = (Index(None, "tenant", "citation_id"),)
+
+    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
+    verification_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    citation_id: Mapped[str] = mapped_column(Text, primary_key=True)
+
+
+class MemoryCitation(Base):
+    """A citation id a memory record came from."""
+
+    __tablename__ = "memory_citations"
+    __table_args__ = (Index(None, "tenant", "citation_id"),)
+
+    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
+    memory_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    citation_id: Mapped[str] = mapped_column(Text, primary_key=True)
+
+
+class AuditEntry(Base):
+    """One audit record (run, verification, erasure) in its tenant's append-only log.
+
+    Writers only insert, so none waits for another; `xid` (the inserting transaction) decides
+    which checkpoint seals the entry, and `content_sha256` covers the record as stored, with
+    keyed hashes only where content may be erased.
+    """
+
+    __tablename__ = "audit_entries"
+    __table_args__ = (Index(None, "tenant", "xid"),)
+
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    xid: Mapped[int] = mapped_column(
+        BigInteger, server_default=text("(pg_current_xact_id()::text)::bigint")
+    )
+    kind: Mapped[str] = mapped_column(Text)
+    record_id: Mapped[str] = mapped_column(Text)
+    content_sha256: Mapped[str] = mapped_column(String(64))
+    recorded_at: Mapped[datetime] = mapped_column(Timestamp, server_default=func.now())
+
+
+class AuditCheckpoint(Base):
+    """A sealed batch of a tenant's audit entries: their hashes, Merkle root, and chain link."""
+
+    __tablename__ = "audit_checkpoints"
+
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # Seals the entries of transactions from the previous horizon up to (not including) this.
+    horizon: Mapped[int] = mapped_column(BigInteger)
+    entry_count: Mapped[int] = mapped_column(Integer)
+    first_seq: Mapped[int] = mapped_column(BigInteger)
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+    leaf_hashes: Mapped[bytes] = mapped_column(LargeBinary)
+    root: Mapped[str] = mapped_column(String(64))
+    previous_hash: Mapped[str] = mapped_column(String(64))
+    checkpoint_hash: Mapped[str] = mapped_column(String(64))
+    sealed_at: Mapped[datetime] = mapped_column(Timestamp, server_default=func.now())

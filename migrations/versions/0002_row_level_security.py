@@ -9,13 +9,12 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from migrations.rls import APP, AUDITOR, grant, isolate, release, revoke
+
 revision: str = "0002"
 down_revision: str | None = "0001"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
-
-APP = "grounding_app"
-AUDITOR = "grounding_auditor"
 
 # What requests may do to each table; every other privilege stays with the owner.
 GRANTS = {
@@ -35,9 +34,6 @@ GRANTS = {
 # is known, and only its hash is stored.
 TENANT_TABLES = [t for t in GRANTS if t not in ("tenants", "api_keys")]
 
-# An empty setting is no tenant: with none set, a query sees nothing, never everything.
-CURRENT_TENANT = "NULLIF(current_setting('app.tenant', true), '')"
-
 
 def upgrade() -> None:
     for role, attributes in ((APP, "LOGIN NOINHERIT"), (AUDITOR, "NOLOGIN")):
@@ -56,28 +52,18 @@ def upgrade() -> None:
     op.execute(f"GRANT USAGE ON SCHEMA public TO {APP}, {AUDITOR}")
     op.execute(f"GRANT SELECT ON alembic_version TO {APP}")
     for table, privileges in GRANTS.items():
-        op.execute(f"GRANT {', '.join(privileges)} ON {table} TO {APP}")
-        op.execute(f"GRANT SELECT ON {table} TO {AUDITOR}")
+        grant(table, privileges)
     op.execute(f"GRANT USAGE ON SEQUENCE document_versions_seq_seq TO {APP}")
     for table in TENANT_TABLES:
-        op.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
-        op.execute(f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY")
-        op.execute(
-            f"CREATE POLICY tenant_isolation ON {table} TO {APP}"
-            f" USING (tenant = {CURRENT_TENANT}) WITH CHECK (tenant = {CURRENT_TENANT})"
-        )
-        op.execute(f"CREATE POLICY audit_read ON {table} FOR SELECT TO {AUDITOR} USING (true)")
+        isolate(table)
 
 
 def downgrade() -> None:
     for table in TENANT_TABLES:
-        op.execute(f"DROP POLICY audit_read ON {table}")
-        op.execute(f"DROP POLICY tenant_isolation ON {table}")
-        op.execute(f"ALTER TABLE {table} NO FORCE ROW LEVEL SECURITY")
-        op.execute(f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY")
+        release(table)
     op.execute(f"REVOKE USAGE ON SEQUENCE document_versions_seq_seq FROM {APP}")
     for table in GRANTS:
-        op.execute(f"REVOKE ALL ON {table} FROM {APP}, {AUDITOR}")
+        revoke(table)
     op.execute(f"REVOKE SELECT ON alembic_version FROM {APP}")
     op.execute(f"REVOKE USAGE ON SCHEMA public FROM {APP}, {AUDITOR}")
     # The roles are the cluster's, shared by every database migrated on it: they stay.
