@@ -1,6 +1,7 @@
 """The outermost layer of every request: request id, body limit, and the last-resort 500.
 
-The body is counted while it streams in and refused with 413 before anything parses it. An
+The body is counted while it streams in and refused with 413 before anything parses it; a
+request whose client left before its body ended is not handled at all. An
 exception nothing else handled is answered as `internal_error` here, without re-raising, so its
 message (which may quote stored text) reaches no log and no client.
 """
@@ -19,6 +20,10 @@ _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
 class _BodyTooLarge(Exception):
+    pass
+
+
+class _ClientDisconnected(Exception):
     pass
 
 
@@ -60,6 +65,9 @@ class RequestGuard:
         except _BodyTooLarge:
             await self._too_large(scope, receive, send_with_id)
             return
+        except _ClientDisconnected:
+            # No one is left to answer, and a body cut short must never be handled as whole.
+            return
 
         replayed = False
 
@@ -83,7 +91,7 @@ class RequestGuard:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                raise _ClientDisconnected
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:

@@ -9,7 +9,9 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
+from starlette.types import Message, Scope
 
 from app.config import Settings
 from app.db import create_engine, create_sessionmaker, head_revision
@@ -368,3 +370,44 @@ async def test_every_kind_of_error_has_the_problem_shape(
 
     for response, status, code in cases:
         _assert_problem(response, status, code)
+
+
+async def test_request_whose_client_left_mid_body_is_not_handled(
+    app: FastAPI, keys: Keys, connection: AsyncConnection
+) -> None:
+    # The part that arrived is valid JSON on its own: only the missing rest says it is not whole.
+    messages: list[Message] = [
+        {"type": "http.request", "body": b'{"results": []}', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope: Scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/runs",
+        "raw_path": b"/v1/runs",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"authorization", keys.headers("agent")["Authorization"].encode()),
+            (b"content-type", b"application/json"),
+        ],
+        "server": ("grounding.test", 80),
+        "client": ("127.0.0.1", 4321),
+    }
+
+    await app(scope, receive, send)
+
+    assert sent == []
+    runs = await connection.execute(text("SELECT count(*) FROM runs"))
+    assert runs.scalar_one() == 0
