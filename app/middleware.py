@@ -1,9 +1,9 @@
 """The outermost layer of every request: request id, body limit, and the last-resort 500.
 
 The body is counted while it streams in and refused with 413 before anything parses it; a
-request whose client left before its body ended is not handled at all. An
-exception nothing else handled is answered as `internal_error` here, without re-raising, so its
-message (which may quote stored text) reaches no log and no client.
+request whose client left before its body ended is not handled at all. An exception nothing
+else handled is answered as `internal_error` here, without re-raising, so its message (which
+may quote stored text) reaches no log and no client.
 """
 
 from __future__ import annotations
