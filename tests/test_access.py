@@ -60,6 +60,19 @@ async def _create_key(
     return body
 
 
+async def _written(connection: AsyncConnection) -> int:
+    """Runs and versions of `acme`, and the tenant `initech`: what the routes below create."""
+    await connection.execute(text("SELECT set_config('app.tenant', 'acme', true)"))
+    written = await connection.execute(
+        text(
+            "SELECT (SELECT count(*) FROM runs WHERE tenant = 'acme')"
+            " + (SELECT count(*) FROM document_versions WHERE tenant = 'acme')"
+            " + (SELECT count(*) FROM tenants WHERE name = 'initech')"
+        )
+    )
+    return int(written.scalar_one())
+
+
 def _tampered(secret: str) -> str:
     last = "A" if secret[-1] != "A" else "B"
     return secret[:-1] + last
@@ -267,13 +280,19 @@ async def test_key_without_the_scope_is_forbidden(
 
     problem = _assert_problem(response, 403, "forbidden")
     assert problem["title"] == "Forbidden"
-    written = await connection.execute(
-        text(
-            "SELECT (SELECT count(*) FROM runs) + (SELECT count(*) FROM document_versions)"
-            " + (SELECT count(*) FROM tenants WHERE name = 'initech')"
-        )
-    )
-    assert written.scalar_one() == 0
+    assert await _written(connection) == 0
+
+
+async def test_what_a_forbidden_request_would_have_written_is_counted_when_allowed(
+    client: httpx.AsyncClient, keys: Keys, connection: AsyncConnection
+) -> None:
+    for route in ("register a version", "record a run", "create a tenant"):
+        method, path, body, allowed = ROUTES[route]
+        scope = sorted(allowed)[0]
+        response = await client.request(method, path, json=body, headers=keys.headers(scope))
+        assert response.status_code == 201, response.text
+
+    assert await _written(connection) == 3
 
 
 async def test_support_key_cannot_record_a_run(client: httpx.AsyncClient, keys: Keys) -> None:

@@ -89,10 +89,14 @@ async def _erase(client: httpx.AsyncClient, keys: Keys, *, versions: list[str]) 
     assert response.status_code == 200, response.text
 
 
-async def _count(connection: AsyncConnection, table: str) -> int:
+async def _count(connection: AsyncConnection, table: str, *, tenant: str = "acme") -> int:
+    """Rows of `tenant` in `table`, read as requests read them: scoped to the tenant first."""
+    await connection.execute(
+        text("SELECT set_config('app.tenant', :tenant, true)"), {"tenant": tenant}
+    )
     # `table` is one of this module's literals, never input.
-    statement = text(f"SELECT count(*) FROM {table} WHERE tenant = 'acme'")
-    return int((await connection.execute(statement)).scalar_one())
+    statement = text(f"SELECT count(*) FROM {table} WHERE tenant = :tenant")
+    return int((await connection.execute(statement, {"tenant": tenant})).scalar_one())
 
 
 def _problems(body: dict[str, Any]) -> list[tuple[int, str, str]]:
@@ -579,6 +583,10 @@ async def test_configuration_error_writes_no_run_and_no_citation(
     assert "run_id" not in response.json()
     assert await _count(connection, "runs") == 0
     assert await _count(connection, "citations") == 0
+    # The same count sees a run once one is recorded.
+    await record_run(client, keys)
+    assert await _count(connection, "runs") == 1
+    assert await _count(connection, "citations") == len(results)
 
 
 async def test_configuration_error_never_quotes_the_text(
@@ -731,6 +739,7 @@ async def test_run_over_the_results_limit_is_payload_too_large(
     assert await _count(connection, "runs") == 0
     accepted = await _post_run(small_client, keys, results_for(policy_chunks()[:2]))
     assert accepted.status_code == 201, accepted.text
+    assert await _count(connection, "runs") == 1
 
 
 async def test_get_run_returns_what_was_issued(client: httpx.AsyncClient, keys: Keys) -> None:
