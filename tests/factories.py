@@ -136,6 +136,31 @@ async def record_run(
     return body
 
 
+async def erase_document(
+    client: httpx.AsyncClient,
+    keys: Keys,
+    *,
+    tenant: str = "acme",
+    document_id: str = "refund-policy",
+    versions: list[str] | None = None,
+    reason: str = "right-to-erasure request",
+    request_ref: str = "DSR-0001",
+    expect: int = 200,
+) -> dict[str, Any]:
+    """Erase versions of a document (all of them unless `versions` are named) through the API."""
+    payload: dict[str, Any] = {"reason": reason, "request_ref": request_ref}
+    if versions is not None:
+        payload["versions"] = versions
+    response = await client.post(
+        f"/v1/documents/{document_id}/erase",
+        json=payload,
+        headers=keys.headers("ingest", tenant=tenant),
+    )
+    assert response.status_code == expect, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
 def many_chunks(count: int) -> tuple[str, list[dict[str, Any]]]:
     """A text of `count` sentences (emoji and CJK in each) and one chunk per sentence."""
     sentences = [f"Rule {i}: refunds 🧾 返金 within {i} days. " for i in range(count)]

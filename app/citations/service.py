@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import Text
 
 from app.errors import NotFound
+from app.grounding.excerpt import ExcerptIntegrityError
 from app.grounding.excerpt import excerpt as pinned_excerpt
 from app.grounding.models import Citation, Excerpt, Locator, Span, Tombstone
 from app.models import CitationRow
@@ -143,8 +144,11 @@ def _resolved(row: Any) -> Excerpt | Tombstone:
             request_ref=row.request_ref,
             superseded_by=row.superseded_by,
         )
+    if row.chunk_text is None:
+        # A live version's chunk always has its text: none (or no chunk row) is tampering.
+        raise ExcerptIntegrityError(citation.citation_id)
     return pinned_excerpt(
-        citation, row.chunk_text or "", offset=row.chunk_start, superseded_by=row.superseded_by
+        citation, row.chunk_text, offset=row.chunk_start, superseded_by=row.superseded_by
     )
 
 
