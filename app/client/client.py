@@ -27,12 +27,14 @@ from app.client.errors import ConnectionFailed, ServiceError, error_for
 from app.client.retries import RetryPolicy, is_read, never_sent, retry_after, should_retry
 from app.documents.schemas import ChunkCreate, DocumentRead, ErasureRead, VersionRead
 from app.grounding.cite import RetrievalResult
-from app.grounding.models import Citation, CitedAnswer, Excerpt, Tombstone
+from app.grounding.models import AnswerCitation, Citation, CitedAnswer, Excerpt, Tombstone
 from app.memory.schemas import MemoryRead, MemoryWithCitations
 from app.runs.schemas import RunRead
 
 Model = TypeVar("Model", bound=BaseModel)
 Resolved = ResolvedExcerpt | ResolvedTombstone | Unresolved
+# A citation as issued, as an answer carries it, or its id.
+CitationRef = Citation | AnswerCitation | str
 _EXCERPT_OR_TOMBSTONE: TypeAdapter[Excerpt | Tombstone] = TypeAdapter(Excerpt | Tombstone)
 
 
@@ -202,13 +204,13 @@ class GroundingClient:
         """One issued citation."""
         return await self._call(Citation, "GET", f"/v1/citations/{_part(citation_id)}")
 
-    async def excerpt(self, citation: Citation | str) -> Excerpt | Tombstone:
+    async def excerpt(self, citation: CitationRef) -> Excerpt | Tombstone:
         """The exact characters a citation pinned, or its tombstone once they were erased."""
         citation_id = _citation_id(citation)
         data = await self._request("GET", f"/v1/citations/{_part(citation_id)}/excerpt")
         return _EXCERPT_OR_TOMBSTONE.validate_python(data, extra="ignore")
 
-    async def resolve(self, citations: Iterable[Citation | str]) -> list[Resolved]:
+    async def resolve(self, citations: Iterable[CitationRef]) -> list[Resolved]:
         """Each citation as an excerpt, a tombstone or not found, in the order asked."""
         body = {"citation_ids": [_citation_id(c) for c in citations]}
         return (await self._call(ResolveRead, "POST", "/v1/citations/resolve", body)).results
@@ -217,7 +219,7 @@ class GroundingClient:
         self,
         text: str,
         *,
-        citations: Iterable[Citation | str] | None = None,
+        citations: Iterable[CitationRef] | None = None,
         verification: VerificationPassed | str | None = None,
     ) -> MemoryRead:
         """Write `text` back to memory with what it came from: citations, or a verification."""
@@ -289,7 +291,7 @@ def _plain(value: BaseModel | Mapping[str, Any]) -> Any:
     return value.model_dump(mode="json") if isinstance(value, BaseModel) else dict(value)
 
 
-def _citation_id(citation: Citation | str) -> str:
+def _citation_id(citation: CitationRef) -> str:
     return citation if isinstance(citation, str) else citation.citation_id
 
 
