@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, BackgroundTasks, Request, Response, status
 
 from app.access.auth import IngestKey, IngestReadKey
 from app.config import SettingsDep
@@ -56,9 +56,19 @@ async def get_document(
 
 @router.post("/{document_id}/erase")
 async def erase_document(
-    document_id: str, body: ErasureCreate, session: SessionDep, principal: IngestKey
+    document_id: str,
+    body: ErasureCreate,
+    request: Request,
+    background: BackgroundTasks,
+    session: SessionDep,
+    principal: IngestKey,
+    settings: SettingsDep,
 ) -> ErasureRead:
-    erasure = await documents.erase(
-        session, principal=principal, document_id=document_id, body=body
-    )
-    return ErasureRead.model_validate(erasure, from_attributes=True)
+    result = await documents.erase(session, principal=principal, document_id=document_id, body=body)
+    if result.created:
+        request.app.state.metrics.erasures.inc()
+    if documents.commits_for_real(session):
+        # Background tasks run after the response, so after the request's transaction commits.
+        # Erasing again vacuums again: a way to retry one that was skipped.
+        background.add_task(documents.vacuum_after_erasure, settings)
+    return ErasureRead.model_validate(result.erasure, from_attributes=True)

@@ -6,28 +6,56 @@ Invariants kept here:
 - a chunk is a span of its version's text, with a unique id in that version;
 - erasure removes every copy of the text and every plain hash of it (version, chunks,
   citations) and destroys the key of the keyed hashes, in one transaction, keeping a tombstone;
-  erasing again answers the erasure that already happened.
+  erasing again answers the erasure that already happened;
+- once an erasure has committed, the tables it rewrote are vacuumed, best effort, so the dead
+  rows that still hold the text are reclaimed now rather than whenever autovacuum comes by.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Final
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select, text, update
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from app.access.service import Principal
+from app.audit import service as audit
 from app.config import Settings
+from app.db import async_url
 from app.documents.schemas import ChunkCreate, ErasureCreate, VersionCreate
 from app.errors import InvalidRequest, NotFound, VersionConflict, enforce_limit
 from app.grounding.cite import ChunkBounds, chunk_problems, pin_chunks
 from app.ids import new_id
 from app.models import Chunk, CitationRow, DocumentVersion, Erasure, VersionKey
+
+logger = logging.getLogger(__name__)
+
+# Every table an erasure updates or deletes from: each keeps the old row versions, text and
+# plain hashes included, as dead tuples until VACUUM. Then `pg_statistic`, because ANALYZE
+# replaces its rows of sampled column values (which can be erased text or hashes) the same way.
+VACUUMED_AFTER_ERASURE: Final = (
+    "document_versions",
+    "chunks",
+    "citations",
+    "version_keys",
+    "pg_catalog.pg_statistic",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureResult:
+    """An erasure and whether this request carried it out (or answered one already done)."""
+
+    erasure: Erasure
+    created: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +212,7 @@ async def get_document(
 
 async def erase(
     session: AsyncSession, *, principal: Principal, document_id: str, body: ErasureCreate
-) -> Erasure:
+) -> ErasureResult:
     """Erase the named versions (all when none are named), or answer the erasure already done."""
     tenant = principal.tenant
     query = (
@@ -203,7 +231,8 @@ async def erase(
         raise NotFound("no such version of this document", versions=unknown)
     pending = [t.version for t in targets if t.erasure_id is None]
     if not pending:
-        return await _latest_erasure(session, tenant, {t.erasure_id for t in targets})
+        done = await _latest_erasure(session, tenant, {t.erasure_id for t in targets})
+        return ErasureResult(erasure=done, created=False)
     erasure = Erasure(
         tenant=tenant,
         erasure_id=new_id("era"),
@@ -217,7 +246,14 @@ async def erase(
     session.add(erasure)
     await session.flush()
     await _remove_text(session, tenant, document_id, pending, erasure)
-    return erasure
+    await audit.record(
+        session,
+        tenant=tenant,
+        kind="erasure",
+        record_id=erasure.erasure_id,
+        content=audit.erasure_content(audit.row_values(erasure)),
+    )
+    return ErasureResult(erasure=erasure, created=True)
 
 
 async def _remove_text(
@@ -268,3 +304,48 @@ async def _latest_erasure(
             .limit(1)
         )
     ).scalar_one()
+
+
+def commits_for_real(session: AsyncSession) -> bool:
+    """Whether the session's commit is a real one, on a connection of its own from an engine.
+
+    A session joined to a connection inside an enclosing transaction commits only a savepoint,
+    so a vacuum after its response would find nothing of the erasure to reclaim yet.
+    """
+    return isinstance(session.bind, AsyncEngine)
+
+
+async def vacuum_after_erasure(
+    settings: Settings, *, tables: Sequence[str] = VACUUMED_AFTER_ERASURE
+) -> None:
+    """Best effort, after an erasure commits: VACUUM (and ANALYZE) the tables it rewrote.
+
+    VACUUM needs the tables' owner (requests run as a role that owns nothing) and cannot run in
+    a transaction, so this opens one autocommit connection of its own as `DATABASE_URL`'s role.
+    Failures are logged by table name and exception type only, and never raised: the erasure
+    has already committed, and autovacuum reclaims the rows later.
+    """
+    if settings.database_url is None:
+        return
+    engine = create_async_engine(
+        async_url(settings.database_url),
+        poolclass=NullPool,
+        hide_parameters=True,
+        connect_args={"timeout": settings.db_connect_timeout},
+    )
+    try:
+        async with engine.connect() as connection:
+            autocommit = await connection.execution_options(isolation_level="AUTOCOMMIT")
+            for table in tables:
+                try:
+                    # SKIP_LOCKED: a vacuum already running on the table is not waited for.
+                    await autocommit.execute(text(f"VACUUM (ANALYZE, SKIP_LOCKED) {table}"))
+                except Exception as exc:
+                    await autocommit.rollback()
+                    logger.warning(
+                        "vacuum after erasure failed: %s (%s)", table, type(exc).__name__
+                    )
+    except Exception as exc:
+        logger.warning("vacuum after erasure skipped: no connection (%s)", type(exc).__name__)
+    finally:
+        await engine.dispose()
