@@ -6,6 +6,7 @@ schema, discovered from the catalog, so a table added later is covered without b
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -771,8 +772,6 @@ async def committed(
     await admin_execute(server_url, f'CREATE DATABASE "{name}"')
     owner_url = make_url(str(settings.database_url)).set(database=name)
     try:
-        import asyncio
-
         await asyncio.to_thread(migrate, owner_url.render_as_string(hide_password=False))
         own = settings.model_copy(
             update={"database_url": owner_url.render_as_string(hide_password=False)}
