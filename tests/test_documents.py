@@ -14,7 +14,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.config import Settings
 from app.main import create_app
-from tests.factories import POLICY_TEXT, Keys, policy_chunks, register_version
+from tests.factories import (
+    POLICY_TEXT,
+    Keys,
+    policy_chunks,
+    record_run,
+    register_version,
+    results_for,
+)
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -578,3 +585,24 @@ async def test_chunks_over_the_limit_are_payload_too_large(
 
     body = _assert_problem(response, 413, "payload_too_large")
     assert body["limit"] == 2
+
+
+async def test_document_id_longer_than_a_result_may_name_is_validation_error(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    response = await _register(client, keys, _body(), document_id="d" * 257)
+
+    body = _assert_problem(response, 422, "validation_error")
+    assert [e["loc"] for e in body["errors"]] == [["path", "document_id"]]
+
+
+async def test_document_with_the_longest_id_is_registered_and_citable(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    document_id = "d" * 256
+    chunks = policy_chunks()[:1]
+    await register_version(client, keys, document_id=document_id, chunks=chunks)
+
+    body = await record_run(client, keys, results=results_for(chunks, document_id=document_id))
+
+    assert body["citations"][0]["document_id"] == document_id

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, BackgroundTasks, Request, Response, status
+from typing import Annotated
+
+from fastapi import APIRouter, BackgroundTasks, Path, Request, Response, status
 
 from app.access.auth import IngestKey, IngestReadKey
 from app.config import SettingsDep
@@ -18,6 +20,9 @@ from app.documents.schemas import (
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
+# As long as a retrieval result's `document_id` may be, so every registered document is citable.
+DocumentId = Annotated[str, Path(min_length=1, max_length=256)]
+
 
 @router.post(
     "/{document_id}/versions",
@@ -27,7 +32,7 @@ router = APIRouter(prefix="/v1/documents", tags=["documents"])
     },
 )
 async def register_version(
-    document_id: str,
+    document_id: DocumentId,
     body: VersionCreate,
     response: Response,
     session: SessionDep,
@@ -44,7 +49,7 @@ async def register_version(
 
 @router.get("/{document_id}")
 async def get_document(
-    document_id: str, session: SessionDep, principal: IngestReadKey
+    document_id: DocumentId, session: SessionDep, principal: IngestReadKey
 ) -> DocumentRead:
     versions = await documents.get_document(session, principal=principal, document_id=document_id)
     return DocumentRead(
@@ -56,7 +61,7 @@ async def get_document(
 
 @router.post("/{document_id}/erase")
 async def erase_document(
-    document_id: str,
+    document_id: DocumentId,
     body: ErasureCreate,
     request: Request,
     background: BackgroundTasks,
