@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.access.router import router as admin_router
 from app.answers.router import router as answers_router
+from app.audit.router import router as audit_router
 from app.citations.router import router as citations_router
 from app.config import Settings, get_settings
 from app.db import (
@@ -79,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         answers_router,
         citations_router,
         memory_router,
+        audit_router,
         admin_router,
     ):
         app.include_router(router)

@@ -15,17 +15,19 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.access.service import Principal
+from app.audit import service as audit
 from app.citations import service as citations
 from app.errors import NotFound
 from app.grounding.check import find_violations, rejection
 from app.grounding.models import Citation, CitedAnswer
 from app.ids import new_id
-from app.models import Chunk, CitationRow, Run, Verification
+from app.models import Chunk, CitationRow, Run, Verification, VerificationCitation
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +101,8 @@ async def verify_answer(
     else:
         outcome, code = ("refused" if answer.refusal else "grounded"), None
     verification_id = new_id("ver")
-    values = {
+    provenance = answer.provenance()
+    values: dict[str, Any] = {
         "tenant": principal.tenant,
         "verification_id": verification_id,
         "run_id": run_id,
@@ -112,13 +115,28 @@ async def verify_answer(
             {"text": claim.text, "citation_ids": list(claim.citation_ids)}
             for claim in answer.claims
         ],
-        "provenance": answer.provenance(),
+        "provenance": provenance,
         "claim_count": len(answer.claims),
         "citation_count": len(answer.citations),
         "answer_sha256": answer_sha256(answer),
         "created_at": datetime.now(UTC),
     }
     await session.execute(insert(Verification).values(values))
+    if provenance:
+        await session.execute(
+            insert(VerificationCitation),
+            [
+                {"tenant": principal.tenant, "verification_id": verification_id, "citation_id": c}
+                for c in provenance
+            ],
+        )
+    await audit.record(
+        session,
+        tenant=principal.tenant,
+        kind="verification",
+        record_id=verification_id,
+        content=audit.verification_content(values),
+    )
     if error is not None:
         error.verification_id = verification_id
         raise error

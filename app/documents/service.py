@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engin
 from sqlalchemy.pool import NullPool
 
 from app.access.service import Principal
+from app.audit import service as audit
 from app.config import Settings
 from app.db import async_url
 from app.documents.schemas import ChunkCreate, ErasureCreate, VersionCreate
@@ -245,6 +246,13 @@ async def erase(
     session.add(erasure)
     await session.flush()
     await _remove_text(session, tenant, document_id, pending, erasure)
+    await audit.record(
+        session,
+        tenant=tenant,
+        kind="erasure",
+        record_id=erasure.erasure_id,
+        content=audit.erasure_content(audit.row_values(erasure)),
+    )
     return ErasureResult(erasure=erasure, created=True)
 
 

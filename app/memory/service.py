@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.access.service import Principal
@@ -18,7 +19,7 @@ from app.citations import service as citations
 from app.errors import NotFound
 from app.grounding.errors import UncitedClaimError, UngroundedCitationError
 from app.ids import new_id
-from app.models import MemoryRecord
+from app.models import MemoryCitation, MemoryRecord
 
 
 async def _provenance(session: AsyncSession, tenant: str, verification_id: str) -> list[str]:
@@ -83,6 +84,10 @@ async def remember(
     )
     session.add(record)
     await session.flush()
+    await session.execute(
+        insert(MemoryCitation),
+        [{"tenant": tenant, "memory_id": record.memory_id, "citation_id": cid} for cid in ids],
+    )
     return record
 
 

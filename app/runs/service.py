@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import Text
 
 from app.access.service import Principal
+from app.audit import service as audit
 from app.citations import service as citations
 from app.errors import NotFound
 from app.grounding.cite import PinnedChunk, RegisteredVersion, RetrievalResult, cite
@@ -106,32 +107,34 @@ async def record_run(
         retrieved_at=retrieved_at,
         new_citation_id=lambda: new_id("cit"),
     )
-    run = Run(
-        tenant=principal.tenant,
-        run_id=run_id,
-        query=query,
-        scope=scope,
-        retrieved_at=retrieved_at,
-        key_id=principal.key_id,
-        citation_count=len(issued),
-    )
-    session.add(run)
-    await session.flush()
-    if issued:
-        await session.execute(
-            insert(CitationRow),
-            [
-                citations.row_values(
-                    c,
-                    ordinal=i,
-                    span_hmac=registry[(c.document_id, c.document_version)]
-                    .chunks[c.chunk_id]
-                    .span_hmac,
-                )
-                for i, c in enumerate(issued)
-            ],
+    run = {
+        "tenant": principal.tenant,
+        "run_id": run_id,
+        "query": query,
+        "scope": scope,
+        "retrieved_at": retrieved_at,
+        "key_id": principal.key_id,
+        "citation_count": len(issued),
+    }
+    await session.execute(insert(Run).values(run))
+    rows = [
+        citations.row_values(
+            c,
+            ordinal=i,
+            span_hmac=registry[(c.document_id, c.document_version)].chunks[c.chunk_id].span_hmac,
         )
-    return RecordedRun(run=run, citations=issued)
+        for i, c in enumerate(issued)
+    ]
+    if rows:
+        await session.execute(insert(CitationRow), rows)
+    await audit.record(
+        session,
+        tenant=principal.tenant,
+        kind="run",
+        record_id=run_id,
+        content=audit.run_content(run, rows),
+    )
+    return RecordedRun(run=Run(**run), citations=issued)
 
 
 async def get_run(session: AsyncSession, *, tenant: str, run_id: str) -> RecordedRun:
