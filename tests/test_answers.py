@@ -68,9 +68,14 @@ def without_detail(violations: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def answer_sha256(payload: dict[str, Any]) -> str:
-    """The submitted answer's canonical JSON digest, as the contract's audit trail keeps it."""
+    """The submitted answer's canonical JSON digest, without quotes or plain span hashes."""
+    answer = CitedAnswer.model_validate(payload).model_dump(mode="json")
+    for submitted in answer["claims"]:
+        del submitted["quotes"]
+    for citation in answer["citations"]:
+        del citation["span_sha256"]
     canonical = json.dumps(
-        CitedAnswer.model_validate(payload).model_dump(mode="json"),
+        answer,
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=False,

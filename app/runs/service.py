@@ -47,6 +47,8 @@ _REGISTRY = text(
       LEFT JOIN chunks c
         ON c.tenant = :tenant AND c.document_id = r.document_id AND c.version = r.version
        AND c.chunk_id = r.chunk_id
+       -- An erasure in flight holds these rows FOR UPDATE: wait for it, then see it.
+       FOR SHARE OF v
     """
 ).bindparams(
     bindparam("documents", type_=ARRAY(Text)),
