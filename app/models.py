@@ -270,7 +270,7 @@ class MemoryCitation(Base):
 
 
 class AuditEntry(Base):
-    """One audit record (run, verification, erasure) in its tenant's append-only log.
+    """One audit record (run, verification, erasure, admin read) in its tenant's append-only log.
 
     Writers only insert, so none waits for another; `xid` (the inserting transaction) decides
     which checkpoint seals the entry, and `content_sha256` covers the record as stored, with
@@ -308,3 +308,18 @@ class AuditCheckpoint(Base):
     previous_hash: Mapped[str] = mapped_column(String(64))
     checkpoint_hash: Mapped[str] = mapped_column(String(64))
     sealed_at: Mapped[datetime] = mapped_column(Timestamp, server_default=func.now())
+
+
+class AdminRead(Base):
+    """An admin key's read of the audit trail across tenants: its route and query parameters."""
+
+    __tablename__ = "admin_reads"
+    __table_args__ = (Index(None, "tenant", "read_at"),)
+
+    # The admin key's own tenant, not the tenants it read.
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
+    read_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    key_id: Mapped[str] = mapped_column(Text)
+    route: Mapped[str] = mapped_column(Text)
+    filters: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    read_at: Mapped[datetime] = mapped_column(Timestamp)
