@@ -606,3 +606,29 @@ async def test_document_with_the_longest_id_is_registered_and_citable(
     body = await record_run(client, keys, results=results_for(chunks, document_id=document_id))
 
     assert body["citations"][0]["document_id"] == document_id
+
+
+async def test_ids_too_long_in_bytes_are_validation_errors_not_500(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    astral = "𝔘" * 100  # 100 code points, 400 bytes of UTF-8
+    by_path = await client.post(
+        f"/v1/documents/{astral}/versions",
+        json={
+            "version": "v1",
+            "text": "words",
+            "chunks": [{"chunk_id": "c", "start": 0, "end": 5}],
+        },
+        headers=keys.headers("ingest"),
+    )
+    by_body = await client.post(
+        "/v1/documents/d/versions",
+        json={
+            "version": astral,
+            "text": "words",
+            "chunks": [{"chunk_id": astral, "start": 0, "end": 5}],
+        },
+        headers=keys.headers("ingest"),
+    )
+    assert (by_path.status_code, by_body.status_code) == (422, 422)
+    assert by_path.json()["code"] == by_body.json()["code"] == "validation_error"

@@ -17,11 +17,12 @@ from app.documents.schemas import (
     VersionCreate,
     VersionRead,
 )
+from app.grounding.models import Identifier
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
 # As long as a retrieval result's `document_id` may be, so every registered document is citable.
-DocumentId = Annotated[str, Path(min_length=1, max_length=256)]
+DocumentId = Annotated[Identifier, Path()]
 
 
 @router.post(

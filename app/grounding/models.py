@@ -12,9 +12,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-Identifier = Annotated[str, Field(min_length=1, max_length=256)]
+IDENTIFIER_BYTES = 256
+
+
+def _fits(value: str) -> str:
+    # Ids key composite indexes: bounded in bytes, so no key outgrows an index entry.
+    if len(value.encode("utf-8", "surrogatepass")) > IDENTIFIER_BYTES:
+        raise ValueError(f"at most {IDENTIFIER_BYTES} bytes of UTF-8")
+    return value
+
+
+Identifier = Annotated[str, Field(min_length=1, max_length=IDENTIFIER_BYTES), AfterValidator(_fits)]
 
 
 class Frozen(BaseModel):
