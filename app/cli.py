@@ -70,8 +70,8 @@ async def _bootstrap(url: str, settings: Settings, args: argparse.Namespace) -> 
     try:
         async with create_sessionmaker(engine)() as session, session.begin():
             if args.command == "tenants":
-                tenant = await access.create_tenant(session, name=args.name)
-                return f"tenant {tenant.name}"
+                tenant, created = await access.create_tenant(session, name=args.name)
+                return f"tenant {tenant.name} {'created' if created else 'exists already'}"
             scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
             issued = await access.create_key(session, tenant=args.tenant, scopes=scopes)
             scopes_shown = ", ".join(issued.key.scopes)

@@ -343,6 +343,19 @@ async def test_admin_creates_a_tenant(client: httpx.AsyncClient, keys: Keys) -> 
     assert datetime.fromisoformat(body["created_at"]).tzinfo is not None
 
 
+async def test_creating_an_existing_tenant_answers_it_unchanged_with_200(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    first = await client.post(
+        "/v1/admin/tenants", json={"name": "initech"}, headers=keys.headers("admin")
+    )
+    again = await client.post(
+        "/v1/admin/tenants", json={"name": "initech"}, headers=keys.headers("admin")
+    )
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()
+
+
 @pytest.mark.parametrize(
     "body",
     [{"name": ""}, {"name": "has space"}, {"name": "-leading"}, {"name": "x" * 129}, {}],

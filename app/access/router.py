@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Response, status
 
 from app.access import service as access
 from app.access.auth import AdminKey
@@ -12,9 +12,17 @@ from app.db import SessionDep
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 
-@router.post("/tenants", status_code=status.HTTP_201_CREATED)
-async def create_tenant(body: TenantCreate, session: SessionDep, _: AdminKey) -> TenantRead:
-    tenant = await access.create_tenant(session, name=body.name)
+@router.post(
+    "/tenants",
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": TenantRead, "description": "The tenant existed already"}},
+)
+async def create_tenant(
+    body: TenantCreate, response: Response, session: SessionDep, _: AdminKey
+) -> TenantRead:
+    tenant, created = await access.create_tenant(session, name=body.name)
+    if not created:
+        response.status_code = status.HTTP_200_OK
     return TenantRead.model_validate(tenant, from_attributes=True)
 
 

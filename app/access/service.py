@@ -49,10 +49,14 @@ def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
-async def create_tenant(session: AsyncSession, *, name: str) -> Tenant:
-    """Create a tenant; creating one that exists answers it unchanged."""
-    await session.execute(insert(Tenant).values(name=name).on_conflict_do_nothing())
-    return (await session.execute(select(Tenant).where(Tenant.name == name))).scalar_one()
+async def create_tenant(session: AsyncSession, *, name: str) -> tuple[Tenant, bool]:
+    """Create a tenant, or find it unchanged; says whether this call created it."""
+    created = await session.execute(
+        insert(Tenant).values(name=name).on_conflict_do_nothing().returning(Tenant.name)
+    )
+    is_new = created.scalar_one_or_none() is not None
+    tenant = (await session.execute(select(Tenant).where(Tenant.name == name))).scalar_one()
+    return tenant, is_new
 
 
 async def create_key(session: AsyncSession, *, tenant: str, scopes: list[str]) -> IssuedKey:
