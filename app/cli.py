@@ -33,6 +33,8 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 def _serve(args: argparse.Namespace, settings: Settings) -> None:
     import uvicorn
 
+    from app.logs import logging_config
+
     # uvicorn drains requests on SIGINT/SIGTERM, then re-raises the signal to the handler it
     # found: this one, so that the embedded database below is stopped before the process exits.
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
@@ -53,6 +55,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
             workers=workers,
             timeout_graceful_shutdown=settings.shutdown_timeout,
             log_level="info",
+            # One JSON line a record (app.logs), in every worker; the request log is the app's.
+            log_config=logging_config(),
             access_log=False,
         )
 

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     max_resolve_ids: int = Field(
         default=1_000, ge=1, description="Ids per `POST /v1/citations/resolve`"
     )
+    otel_exporter_otlp_endpoint: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        description="OTLP/HTTP collector that traces are sent to; unset, nothing is traced",
+    )
 
     @property
     def pool_size(self) -> int:

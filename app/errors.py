@@ -175,6 +175,9 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
 
     async def on_grounding_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, GroundingError)
+        if keeps_work(exc):
+            # A rejected answer, recorded for audit; passing ones are counted by their route.
+            request.app.state.metrics.verifications.labels(outcome="rejected", code=exc.code).inc()
         return grounding_problem(exc)
 
     async def on_excerpt_integrity(request: Request, exc: Exception) -> JSONResponse:

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
+from opentelemetry.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.access.router import router as admin_router
@@ -29,6 +30,7 @@ from app.memory.router import router as memory_router
 from app.metrics import Metrics
 from app.middleware import RequestGuard
 from app.runs.router import router as runs_router
+from app.telemetry import instrument, otlp_tracer_provider
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"content": {"application/problem+json": {}}, "description": description}
@@ -47,10 +49,17 @@ def _operation_id(route: APIRoute) -> str:
     return route.name
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app; its lifespan owns the engine, unless a caller supplies the sessionmaker."""
+def create_app(
+    settings: Settings | None = None, *, tracer_provider: TracerProvider | None = None
+) -> FastAPI:
+    """Build the app; its lifespan owns the engine, unless a caller supplies the sessionmaker.
+
+    Requests are traced with `tracer_provider` when one is given (the caller owns it), else over
+    OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the lifespan flushes it), else not at all.
+    """
     settings = settings or get_settings()
     head = head_revision()
+    exporting = otlp_tracer_provider(settings) if tracer_provider is None else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -62,6 +71,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await engine.dispose()
+            if exporting is not None:
+                exporting.shutdown()
 
     app = FastAPI(
         title="grounding-service",
@@ -103,5 +114,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )
 
-    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
+    provider = tracer_provider or exporting
+    if provider is not None:
+        instrument(app, provider)
+    app.add_middleware(
+        RequestGuard, max_body_bytes=settings.max_body_bytes, metrics=app.state.metrics
+    )
     return app

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from app.access.auth import AgentKey, ReaderKey
 from app.answers import service as answers
@@ -19,6 +19,7 @@ router = APIRouter(tags=["answers"])
 async def verify_answer(
     run_id: str,
     body: CitedAnswer,
+    request: Request,
     session: SessionDep,
     principal: AgentKey,
     settings: SettingsDep,
@@ -28,6 +29,8 @@ async def verify_answer(
     verification = await answers.verify_answer(
         session, principal=principal, run_id=run_id, answer=body
     )
+    # A rejection raises, and is counted where it is answered (app.errors).
+    request.app.state.metrics.verifications.labels(outcome=verification.outcome, code="").inc()
     return VerificationPassed(
         verification_id=verification.verification_id,
         run_id=run_id,

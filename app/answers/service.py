@@ -20,11 +20,14 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app import telemetry
 from app.access.service import Principal
 from app.audit import service as audit
 from app.citations import service as citations
 from app.errors import NotFound
 from app.grounding.check import find_violations, rejection
+from app.grounding.errors import GroundingError
+from app.grounding.excerpt import citation_attributes
 from app.grounding.models import Citation, CitedAnswer
 from app.ids import new_id
 from app.models import Chunk, CitationRow, Run, Verification, VerificationCitation
@@ -97,6 +100,23 @@ async def _cited_texts(
     return {row.citation_id: row.text for row in rows}
 
 
+def _span_attributes(
+    answer: CitedAnswer, issued: list[Citation], outcome: str, error: GroundingError | None
+) -> telemetry.Attributes:
+    # The run's own citations the answer carries, not the answer's copies of them: their
+    # document ids and versions are the registry's, never whatever a caller typed.
+    carried = {c.citation_id for c in answer.citations}
+    return {
+        **citation_attributes(c for c in issued if c.citation_id in carried),
+        "adk.grounding.claim_count": len(answer.claims),
+        "adk.grounding.answer_citation_count": len(answer.citations),
+        "adk.grounding.outcome": outcome,
+        "adk.grounding.violation_count": len(error.violations) if error else 0,
+        **({"adk.grounding.code": error.code} if error else {}),
+    }
+
+
+@telemetry.traced("grounding.check")
 async def verify_answer(
     session: AsyncSession, *, principal: Principal, run_id: str, answer: CitedAnswer
 ) -> Verification:
@@ -111,6 +131,7 @@ async def verify_answer(
         outcome, code = "rejected", error.code
     else:
         outcome, code = ("refused" if answer.refusal else "grounded"), None
+    telemetry.annotate(lambda: _span_attributes(answer, issued, outcome, error))
     verification_id = new_id("ver")
     provenance = answer.provenance()
     values: dict[str, Any] = {

@@ -19,8 +19,9 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import Text
 
+from app import telemetry
 from app.errors import NotFound
-from app.grounding.excerpt import ExcerptIntegrityError
+from app.grounding.excerpt import ExcerptIntegrityError, citation_attributes
 from app.grounding.excerpt import excerpt as pinned_excerpt
 from app.grounding.models import Citation, Excerpt, Locator, Span, Tombstone
 from app.models import CitationRow
@@ -122,13 +123,35 @@ _RESOLVE = text(
 ).bindparams(bindparam("ids", type_=ARRAY(Text)))
 
 
+@telemetry.traced("grounding.resolve")
 async def resolve(
     session: AsyncSession, *, tenant: str, citation_ids: Sequence[str]
 ) -> list[Resolution]:
     """One resolution per asked-for id, in the order asked, in one statement."""
-    rows = await session.execute(_RESOLVE, {"tenant": tenant, "ids": list(set(citation_ids))})
+    return await _resolve(session, tenant, citation_ids)
+
+
+async def _resolve(
+    session: AsyncSession, tenant: str, citation_ids: Sequence[str]
+) -> list[Resolution]:
+    rows = (
+        await session.execute(_RESOLVE, {"tenant": tenant, "ids": list(set(citation_ids))})
+    ).all()
     found = {row.citation_id: _resolved(row) for row in rows}
-    return [Resolution(citation_id=cid, found=found.get(cid)) for cid in citation_ids]
+    resolutions = [Resolution(citation_id=cid, found=found.get(cid)) for cid in citation_ids]
+    telemetry.annotate(
+        lambda: {
+            **citation_attributes(from_row(row) for row in rows),
+            "adk.grounding.outcome": "resolved",
+            "adk.grounding.requested_count": len(citation_ids),
+            "adk.grounding.excerpt_count": sum(isinstance(r.found, Excerpt) for r in resolutions),
+            "adk.grounding.tombstone_count": sum(
+                isinstance(r.found, Tombstone) for r in resolutions
+            ),
+            "adk.grounding.not_found_count": sum(r.found is None for r in resolutions),
+        }
+    )
+    return resolutions
 
 
 def _resolved(row: Any) -> Excerpt | Tombstone:
@@ -152,9 +175,10 @@ def _resolved(row: Any) -> Excerpt | Tombstone:
     )
 
 
+@telemetry.traced("grounding.excerpt")
 async def excerpt(session: AsyncSession, *, tenant: str, citation_id: str) -> Excerpt | Tombstone:
     """The exact characters one citation pins, or its tombstone, or `NotFound`."""
-    [resolution] = await resolve(session, tenant=tenant, citation_ids=[citation_id])
+    [resolution] = await _resolve(session, tenant, [citation_id])
     if resolution.found is None:
         raise NotFound("no such citation")
     return resolution.found

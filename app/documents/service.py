@@ -26,6 +26,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from app import telemetry
 from app.access.service import Principal
 from app.audit import service as audit
 from app.config import Settings
@@ -210,6 +211,7 @@ async def get_document(
     return versions
 
 
+@telemetry.traced("grounding.erase")
 async def erase(
     session: AsyncSession, *, principal: Principal, document_id: str, body: ErasureCreate
 ) -> ErasureResult:
@@ -230,6 +232,14 @@ async def erase(
     if unknown:
         raise NotFound("no such version of this document", versions=unknown)
     pending = [t.version for t in targets if t.erasure_id is None]
+    telemetry.annotate(
+        {
+            "adk.grounding.outcome": "erased" if pending else "already_erased",
+            "adk.erasure.document_id": document_id,
+            "adk.erasure.document_versions": [f"{document_id}@{v}" for v in pending],
+            "adk.erasure.version_count": len(pending),
+        }
+    )
     if not pending:
         done = await _latest_erasure(session, tenant, {t.erasure_id for t in targets})
         return ErasureResult(erasure=done, created=False)

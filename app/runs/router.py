@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Request, status
 
 from app.access.auth import AgentKey, ReaderKey
 from app.config import SettingsDep
@@ -29,12 +29,17 @@ def _read(recorded: RecordedRun) -> RunRead:
 
 @router.post("", status_code=status.HTTP_201_CREATED)
 async def record_run(
-    body: RunCreate, session: SessionDep, principal: AgentKey, settings: SettingsDep
+    body: RunCreate,
+    request: Request,
+    session: SessionDep,
+    principal: AgentKey,
+    settings: SettingsDep,
 ) -> RunRead:
     enforce_limit("results per run", len(body.results), settings.max_results_per_run)
     recorded = await runs.record_run(
         session, principal=principal, query=body.query, scope=body.scope, results=body.results
     )
+    request.app.state.metrics.citations_issued.inc(len(recorded.citations))
     return _read(recorded)
 
 

@@ -18,11 +18,13 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import Text
 
+from app import telemetry
 from app.access.service import Principal
 from app.audit import service as audit
 from app.citations import service as citations
 from app.errors import NotFound
 from app.grounding.cite import PinnedChunk, RegisteredVersion, RetrievalResult, cite
+from app.grounding.excerpt import citation_attributes
 from app.grounding.models import Citation, Span
 from app.ids import new_id
 from app.models import CitationRow, Run
@@ -89,6 +91,7 @@ async def _registry(
     }
 
 
+@telemetry.traced("grounding.cite")
 async def record_run(
     session: AsyncSession,
     *,
@@ -98,6 +101,7 @@ async def record_run(
     results: Sequence[RetrievalResult],
 ) -> RecordedRun:
     """Check every result, issue its citation, and record the run; or issue nothing."""
+    telemetry.annotate({"adk.grounding.result_count": len(results)})
     registry = await _registry(session, principal.tenant, results)
     run_id = new_id("run")
     retrieved_at = datetime.now(UTC)
@@ -109,6 +113,7 @@ async def record_run(
         retrieved_at=retrieved_at,
         new_citation_id=lambda: new_id("cit"),
     )
+    telemetry.annotate({**citation_attributes(issued), "adk.grounding.outcome": "issued"})
     run = {
         "tenant": principal.tenant,
         "run_id": run_id,

@@ -1,0 +1,64 @@
+"""Structured logs: one JSON object a line, on standard error, configured here and only here.
+
+Invariants kept here:
+- a log line carries what its caller put in it (the request log: request id, tenant, route
+  template, method, status, duration), never a request body or a query string;
+- an exception is written as its type alone, never its message or traceback: a database
+  error's message can quote stored text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+# Every attribute a plain LogRecord has; whatever else a record carries came in `extra`.
+_RECORD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# uvicorn adds a copy of its message with terminal colours to some records.
+_DROPPED = frozenset({"color_message"})
+
+
+class JsonFormatter(logging.Formatter):
+    """A record as one JSON object: time, level, logger, message, and its `extra` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name, value in vars(record).items():
+            if name not in _RECORD_ATTRIBUTES and name not in _DROPPED:
+                entry[name] = value
+        if record.exc_info and record.exc_info[0] is not None:
+            entry["exc_type"] = record.exc_info[0].__name__
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def logging_config(level: str = "INFO") -> dict[str, Any]:
+    """The `logging.config.dictConfig` of the service (uvicorn applies it in every worker)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "app.logs.JsonFormatter"}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "root": {"level": level, "handlers": ["stderr"]},
+        "loggers": {
+            # uvicorn's own loggers write through the root handler, as JSON too.
+            "uvicorn": {"level": level, "handlers": [], "propagate": True},
+            "uvicorn.error": {"level": level, "handlers": [], "propagate": True},
+            # The request log is the service's (app.requests); uvicorn's would repeat it.
+            "uvicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
+            # At INFO SQLAlchemy logs every statement, and at DEBUG every row it reads.
+            "sqlalchemy": {"level": "WARNING"},
+        },
+    }
