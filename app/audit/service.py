@@ -1,4 +1,5 @@
-"""The tamper-evident audit log: every run, verification and erasure, sealed in checkpoints.
+"""The tamper-evident audit log: every run, verification, erasure and admin read, sealed in
+checkpoints.
 
 Invariants kept here:
 - an audit record's entry is written in the transaction of the record itself, by an INSERT and
@@ -9,6 +10,8 @@ Invariants kept here:
   next checkpoint, never skipped;
 - what is hashed for content that may be erased is its keyed hash (`span_hmac`), never its text
   nor a plain hash of it, so erasure never breaks the log;
+- an admin read across tenants is recorded, its row and its entry, in the transaction of the
+  read and before anything is read, so no read answers unrecorded;
 - verifying recomputes every record's content hash, every entry's hash, every checkpoint's
   Merkle root and the chain, and reports the first entry that does not verify.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import insert, literal_column, select
@@ -35,7 +39,16 @@ from app.audit.chain import (
     pack_leaves,
     unpack_leaves,
 )
-from app.models import AuditCheckpoint, AuditEntry, CitationRow, Erasure, Run, Verification
+from app.ids import new_id
+from app.models import (
+    AdminRead,
+    AuditCheckpoint,
+    AuditEntry,
+    CitationRow,
+    Erasure,
+    Run,
+    Verification,
+)
 
 # The oldest transaction still running, as this statement's snapshot sees it.
 _HORIZON: ColumnElement[int] = literal_column(
@@ -87,6 +100,7 @@ _ERASURE_FIELDS = (
     "key_id",
     "erased_at",
 )
+_ADMIN_READ_FIELDS = ("read_id", "key_id", "route", "filters", "read_at")
 
 
 def run_content(run: Mapping[str, Any], citations: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -108,6 +122,11 @@ def erasure_content(erasure: Mapping[str, Any]) -> dict[str, Any]:
     return {f: erasure[f] for f in _ERASURE_FIELDS}
 
 
+def admin_read_content(read: Mapping[str, Any]) -> dict[str, Any]:
+    """What an admin read's entry covers: the whole record."""
+    return {f: read[f] for f in _ADMIN_READ_FIELDS}
+
+
 async def record(
     session: AsyncSession, *, tenant: str, kind: str, record_id: str, content: Mapping[str, Any]
 ) -> None:
@@ -117,6 +136,30 @@ async def record(
             tenant=tenant, kind=kind, record_id=record_id, content_sha256=content_sha256(content)
         )
     )
+
+
+async def record_admin_read(
+    session: AsyncSession, *, tenant: str, key_id: str, route: str, filters: Mapping[str, Any]
+) -> str:
+    """Record that admin key `key_id` (of `tenant`) read `route` across tenants, with the query
+    parameters it sent; the caller must record before it reads. Answers the read's id."""
+    values: dict[str, Any] = {
+        "tenant": tenant,
+        "read_id": new_id("read"),
+        "key_id": key_id,
+        "route": route,
+        "filters": dict(filters),
+        "read_at": datetime.now(UTC),
+    }
+    await session.execute(insert(AdminRead).values(values))
+    await record(
+        session,
+        tenant=tenant,
+        kind="admin_read",
+        record_id=values["read_id"],
+        content=admin_read_content(values),
+    )
+    return str(values["read_id"])
 
 
 def _entry(row: Any) -> Entry:
@@ -255,6 +298,15 @@ async def _recomputed_contents(
         ).scalars():
             found[("erasure", erasure.erasure_id)] = content_sha256(
                 erasure_content(row_values(erasure))
+            )
+    if ids := wanted.get("admin_read"):
+        for read in (
+            await session.execute(
+                select(AdminRead).where(AdminRead.tenant == tenant, AdminRead.read_id.in_(ids))
+            )
+        ).scalars():
+            found[("admin_read", read.read_id)] = content_sha256(
+                admin_read_content(row_values(read))
             )
     return found
 
