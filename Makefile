@@ -30,5 +30,10 @@ pytest: $(BIN)/grounding
 openapi: $(BIN)/grounding
 	$(BIN)/grounding openapi > openapi.yaml
 
+# The benchmark (README, Benchmark): needs wrk (`apt-get install wrk`), and py-spy for its
+# profiles (`$(BIN)/pip install py-spy`, or BENCH_ARGS=--no-profile). Takes about 45 minutes.
+bench: $(BIN)/grounding
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .grounding .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1105 @@
+"""The benchmark: `python -m bench.run` (or `make bench`); `--help` lists the options.
+
+It starts `grounding serve --workers N` on loopback on a fresh embedded PostgreSQL in a
+temporary directory (or on `--database-url`), and beside it the floor app (`bench.floor`) on
+the same server with the same worker count. It seeds the database by COPY to each size in
+`--scales` (chunks and citations alike), and at each size and worker count loads each
+operation with wrk, alternating with its floor (floor, operation, floor, ...), `--repeat`
+times. It then checks tail latency at 70% of each operation's rate with a constant-rate open
+loop, samples a worker with py-spy under two loads, and prints every figure, the ratios to the
+floors, and each target's pass or fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import psutil
+
+from bench import floor, payloads
+from bench.load import COUNTER, Load, Measurement, constant_rate, run_wrk, wrk_path
+from bench.profile import Profile, hot_spots, py_spy_path, start_recording
+from bench.seed import Seeder, SeedReport
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+READ, WRITE = "read", "write"
+REGISTERED_DOCUMENT = "bench-register"
+FLOOR_ROWS = 10_000
+SAMPLED_RUNS = 64
+SAMPLED_CITATIONS = 2_000
+RESOLVE_IDS = 100
+RATE_SHARE = 0.7
+# The tables seeding fills and a block's own writes touch, vacuumed after each.
+SEEDED_TABLES = (
+    "document_versions",
+    "version_keys",
+    "chunks",
+    "runs",
+    "citations",
+    "audit_entries",
+)
+WRITTEN_TABLES = (*SEEDED_TABLES, "verifications", "verification_citations")
+
+MACHINE_NOTE = (
+    "{cpus} CPU(s): wrk (one thread), the service's workers, the floor's workers and PostgreSQL"
+    " all share them, with whatever else runs on this machine. Absolute figures are noisy;"
+    " the ratios, measured minutes apart in the same run, are what counts."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """A measured operation: its load and the floor it is held against."""
+
+    key: str
+    label: str
+    kind: str
+    load: Load
+
+
+@dataclass
+class Pair:
+    """One repeat: the floor's measurement, then the operation's."""
+
+    floor: Measurement
+    operation: Measurement
+
+
+@dataclass
+class OperationResult:
+    """An operation's repeats at one size and worker count."""
+
+    key: str
+    label: str
+    kind: str
+    pairs: list[Pair] = field(default_factory=list)
+    open_loop: Measurement | None = None
+
+    def median(self, pick: Callable[[Pair], float]) -> float:
+        return statistics.median(pick(p) for p in self.pairs)
+
+    @property
+    def rps(self) -> float:
+        return self.median(lambda p: p.operation.rps)
+
+    @property
+    def p50(self) -> float:
+        return self.median(lambda p: p.operation.p50_ms)
+
+    @property
+    def p99(self) -> float:
+        return self.median(lambda p: p.operation.p99_ms)
+
+    @property
+    def floor_rps(self) -> float:
+        return self.median(lambda p: p.floor.rps)
+
+    @property
+    def floor_p50(self) -> float:
+        return self.median(lambda p: p.floor.p50_ms)
+
+    @property
+    def rps_ratio(self) -> float:
+        """The median of each repeat's rate over the floor measured just before it."""
+        return self.median(lambda p: p.operation.rps / p.floor.rps if p.floor.rps else 0.0)
+
+    @property
+    def p50_ratio(self) -> float:
+        return self.median(lambda p: p.operation.p50_ms / p.floor.p50_ms if p.floor.p50_ms else 0)
+
+
+@dataclass
+class Block:
+    """Every measurement at one database size and worker count."""
+
+    scale: int
+    workers: int
+    rows_before: dict[str, int]
+    rows_after: dict[str, int] = field(default_factory=dict)
+    results: dict[str, OperationResult] = field(default_factory=dict)
+    peak_rss_mb: dict[int, float] = field(default_factory=dict)
+    floor_peak_rss_mb: dict[int, float] = field(default_factory=dict)
+    profiles: dict[str, Profile] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """The benchmark's tenant and keys."""
+
+    tenant: str
+    secret: str
+    key_id: str
+    seed_key_id: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.secret}"}
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A port on loopback nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def grounding_command() -> list[str]:
+    """The `grounding` command installed beside this interpreter (else `python -m app`)."""
+    beside = Path(sys.executable).parent / "grounding"
+    return [str(beside)] if beside.exists() else [sys.executable, "-m", "app"]
+
+
+def grounding(environment: dict[str, str], *args: str) -> str:
+    """Run one `grounding` command and return what it printed."""
+    done = subprocess.run(
+        [*grounding_command(), *args],
+        env=environment,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"grounding {' '.join(args)} failed: {done.stderr.strip()[-2000:]}")
+    return done.stdout
+
+
+@contextmanager
+def serving(
+    command: Sequence[str], environment: dict[str, str], ready_url: str, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start `command`, wait until `ready_url` answers 200, and stop it (SIGTERM) on exit."""
+    with log.open("ab") as output:
+        process = subprocess.Popen(
+            list(command), env=environment, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                raise SystemExit(f"{command[0]} exited before it was ready; see {log}")
+            try:
+                if httpx.get(ready_url, timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{command[0]} did not become ready; see {log}")
+            time.sleep(0.2)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(30)
+
+
+def workers_of(process: subprocess.Popen[bytes], count: int) -> list[psutil.Process]:
+    """The processes serving requests: uvicorn's spawned workers, or the process itself."""
+    parent = psutil.Process(process.pid)
+    if count == 1:
+        return [parent]
+    deadline = time.monotonic() + 30
+    while True:
+        found = [
+            child
+            for child in parent.children()
+            if any("spawn_main" in part for part in child.cmdline())
+        ]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+class MemoryWatch:
+    """Samples the resident set size of some processes until stopped, keeping each one's peak."""
+
+    def __init__(self, processes: Sequence[psutil.Process], *, interval: float = 0.2) -> None:
+        self._processes = list(processes)
+        self._interval = interval
+        self._stop = threading.Event()
+        self.peaks: dict[int, float] = {p.pid: 0.0 for p in self._processes}
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for process in self._processes:
+                try:
+                    rss = process.memory_info().rss / 2**20
+                except psutil.Error:
+                    continue
+                self.peaks[process.pid] = max(self.peaks[process.pid], rss)
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --- database ------------------------------------------------------------------------------
+
+
+@contextmanager
+def database(args: argparse.Namespace, scratch: Path) -> Iterator[str]:
+    """The owner's URL: `--database-url`, or a fresh embedded PostgreSQL under `scratch`."""
+    if args.database_url:
+        yield args.database_url
+        return
+    from app.embedded import embedded_database
+
+    with embedded_database(scratch / "data") as url:
+        yield url
+
+
+def libpq(url: str) -> str:
+    """`url` as asyncpg takes it (no SQLAlchemy driver name)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def row_counts(url: str) -> dict[str, int]:
+    """Rows in the seeded tables and the verifications, over every tenant."""
+    connection = await asyncpg.connect(url)
+    try:
+        return {
+            table: int(await connection.fetchval(f"SELECT count(*) FROM {table}"))
+            for table in ("document_versions", "chunks", "runs", "citations", "verifications")
+        }
+    finally:
+        await connection.close()
+
+
+async def vacuum(url: str, tables: Sequence[str]) -> float:
+    """VACUUM (ANALYZE) `tables` as the owner; the seconds it took."""
+    connection = await asyncpg.connect(url)
+    started = time.perf_counter()
+    try:
+        for table in tables:
+            await connection.execute(f"VACUUM (ANALYZE) {table}")
+    finally:
+        await connection.close()
+    return time.perf_counter() - started
+
+
+async def audit_mark(url: str, tenant: str) -> int:
+    """The last audit entry's number for `tenant`: entries after it are a block's own."""
+    connection = await asyncpg.connect(url)
+    try:
+        return int(
+            await connection.fetchval(
+                "SELECT coalesce(max(seq), 0) FROM audit_entries WHERE tenant = $1", tenant
+            )
+        )
+    finally:
+        await connection.close()
+
+
+async def forget_block_writes(url: str, credentials: Credentials, mark: int) -> None:
+    """Delete what one block's load wrote, so every block starts at its nominal size."""
+    tenant, key_id = credentials.tenant, credentials.key_id
+    connection = await asyncpg.connect(url)
+    try:
+        async with connection.transaction():
+            await connection.execute(
+                "DELETE FROM verification_citations vc USING verifications v"
+                " WHERE vc.tenant = $1 AND v.tenant = $1"
+                " AND vc.verification_id = v.verification_id AND v.key_id = $2",
+                tenant,
+                key_id,
+            )
+            await connection.execute(
+                "DELETE FROM verifications WHERE tenant = $1 AND key_id = $2", tenant, key_id
+            )
+            await connection.execute(
+                "DELETE FROM citations c USING runs r WHERE c.tenant = $1 AND r.tenant = $1"
+                " AND c.run_id = r.run_id AND r.key_id = $2",
+                tenant,
+                key_id,
+            )
+            await connection.execute(
+                "DELETE FROM runs WHERE tenant = $1 AND key_id = $2", tenant, key_id
+            )
+            await connection.execute(
+                "DELETE FROM audit_entries WHERE tenant = $1 AND seq > $2", tenant, mark
+            )
+            for table in ("chunks", "version_keys", "document_versions"):
+                await connection.execute(
+                    f"DELETE FROM {table} WHERE tenant = $1 AND document_id = $2",
+                    tenant,
+                    REGISTERED_DOCUMENT,
+                )
+    finally:
+        await connection.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Seeded rows the operations are built from, drawn at random at one size."""
+
+    citation_ids: list[str]
+    run_ids: list[str]
+    chunks: list[payloads.ChunkSpan]
+
+
+async def sample(url: str, credentials: Credentials, rng: random.Random) -> Sample:
+    """Random seeded citations, runs and chunks of the benchmark's tenant."""
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute(f"SELECT setseed({rng.random():.6f})")
+        citation_ids = await connection.fetch(
+            "SELECT citation_id FROM citations WHERE tenant = $1 ORDER BY random() LIMIT $2",
+            credentials.tenant,
+            SAMPLED_CITATIONS,
+        )
+        run_ids = await connection.fetch(
+            "SELECT run_id FROM runs WHERE tenant = $1 AND key_id = $2 ORDER BY random() LIMIT $3",
+            credentials.tenant,
+            credentials.seed_key_id,
+            SAMPLED_RUNS,
+        )
+        chunks = await connection.fetch(
+            "SELECT document_id, version, chunk_id, span_start, span_end FROM chunks"
+            " WHERE tenant = $1 AND document_id <> $2 ORDER BY random() LIMIT $3",
+            credentials.tenant,
+            REGISTERED_DOCUMENT,
+            SAMPLED_RUNS * 20,
+        )
+    finally:
+        await connection.close()
+    return Sample(
+        citation_ids=[r["citation_id"] for r in citation_ids],
+        run_ids=[r["run_id"] for r in run_ids],
+        chunks=[
+            payloads.ChunkSpan(
+                document_id=r["document_id"],
+                version=r["version"],
+                chunk_id=r["chunk_id"],
+                start=r["span_start"],
+                end=r["span_end"],
+            )
+            for r in chunks
+        ],
+    )
+
+
+# --- operations ----------------------------------------------------------------------------
+
+
+def _json(body: dict[str, Any]) -> str:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+def operations(
+    base_url: str, credentials: Credentials, drawn: Sample, *, tag: str
+) -> tuple[list[Operation], list[str]]:
+    """The measured operations over `drawn`, and notes on any left out."""
+    auth = credentials.headers
+    posting = {**auth, "Content-Type": "application/json"}
+    with httpx.Client(base_url=base_url, headers=auth, timeout=60) as client:
+        runs = [
+            client.get(f"/v1/runs/{run_id}").raise_for_status().json() for run_id in drawn.run_ids
+        ]
+        paths = set(client.get("/openapi.json").raise_for_status().json()["paths"])
+
+    def answers(reject: bool) -> tuple[tuple[str, str | None], ...]:
+        return tuple(
+            (
+                f"/v1/runs/{run['run_id']}/answers",
+                _json(payloads.answer_body(run["citations"], reject=reject)),
+            )
+            for run in runs
+        )
+
+    ids = drawn.citation_ids
+    register = payloads.register_body()
+    register["version"] = COUNTER
+    made = [
+        Operation(
+            "excerpt",
+            "GET /v1/citations/{id}/excerpt",
+            READ,
+            Load("GET", tuple((f"/v1/citations/{i}/excerpt", None) for i in ids), auth),
+        ),
+        Operation(
+            "resolve",
+            "POST /v1/citations/resolve (100 ids)",
+            READ,
+            Load(
+                "POST",
+                tuple(
+                    (
+                        "/v1/citations/resolve",
+                        _json(payloads.resolve_body(ids[i : i + RESOLVE_IDS])),
+                    )
+                    for i in range(0, len(ids) - RESOLVE_IDS + 1, RESOLVE_IDS)
+                ),
+                posting,
+            ),
+        ),
+    ]
+    notes = []
+    if "/v1/audit/runs" in paths:
+        made.append(
+            Operation(
+                "audit",
+                "GET /v1/audit/runs (a page)",
+                READ,
+                Load("GET", (("/v1/audit/runs", None),), auth),
+            )
+        )
+    else:
+        notes.append("GET /v1/audit/runs is not served yet: the audit page was skipped")
+    made += [
+        Operation(
+            "verify",
+            "POST /v1/runs/{id}/answers grounded (10 claims, 20 citations)",
+            WRITE,
+            Load("POST", answers(reject=False), posting),
+        ),
+        Operation(
+            "reject",
+            "POST /v1/runs/{id}/answers rejected (ungrounded_citation)",
+            WRITE,
+            Load("POST", answers(reject=True), posting, expect=422),
+        ),
+        Operation(
+            "runs",
+            "POST /v1/runs (20 results)",
+            WRITE,
+            Load(
+                "POST",
+                tuple(
+                    ("/v1/runs", _json(payloads.run_body(drawn.chunks[i : i + 20])))
+                    for i in range(0, len(drawn.chunks) - 19, 20)
+                ),
+                posting,
+                expect=201,
+            ),
+        ),
+        Operation(
+            "register",
+            "POST /v1/documents/{id}/versions (200 KB, 200 chunks)",
+            WRITE,
+            Load(
+                "POST",
+                ((f"/v1/documents/{REGISTERED_DOCUMENT}/versions", _json(register)),),
+                posting,
+                expect=201,
+                tag=tag,
+            ),
+        ),
+    ]
+    return made, notes
+
+
+def floors(rng: random.Random) -> dict[str, Load]:
+    """The read floor (ids in rotation) and the write floor (bodies naming rows to read)."""
+    posting = {"Content-Type": "application/json"}
+    return {
+        READ: Load(
+            "GET",
+            tuple(
+                (f"/floor/read/{rng.randint(1, FLOOR_ROWS)}", None)
+                for _ in range(SAMPLED_CITATIONS)
+            ),
+        ),
+        WRITE: Load(
+            "POST",
+            tuple(
+                ("/floor/write", _json(floor.row_body(rng.randint(1, FLOOR_ROWS))))
+                for _ in range(SAMPLED_RUNS)
+            ),
+            posting,
+            expect=201,
+        ),
+    }
+
+
+def preflight(base_url: str, load: Load, label: str) -> None:
+    """Send `load`'s first request once: a wrong status stops the run before any figure."""
+    path, body = load.requests[0]
+    content = None if body is None else body.replace(COUNTER, f"preflight-{secrets.token_hex(4)}")
+    response = httpx.request(
+        load.method, base_url + path, headers=dict(load.headers), content=content, timeout=60
+    )
+    if response.status_code != load.expect:
+        raise SystemExit(
+            f"{label}: expected {load.expect}, got {response.status_code}: {response.text[:500]}"
+        )
+
+
+# --- one block -----------------------------------------------------------------------------
+
+
+def measure_block(
+    args: argparse.Namespace,
+    *,
+    url: str,
+    scratch: Path,
+    credentials: Credentials,
+    scale: int,
+    workers: int,
+    profile: bool,
+    rng: random.Random,
+) -> Block:
+    """Serve the service and the floor with `workers` workers and measure every operation."""
+    from app.config import Settings
+
+    block = Block(scale=scale, workers=workers, rows_before=asyncio.run(row_counts(url)))
+    asyncio.run(floor.prepare(libpq(url), rows=FLOOR_ROWS))
+    environment = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    environment |= {"DATABASE_URL": url, "GROUNDING_DATA_DIR": str(scratch / "unused")}
+    service_port, floor_port = free_port(), free_port()
+    service_url, floor_url = f"http://{HOST}:{service_port}", f"http://{HOST}:{floor_port}"
+    pool_size = Settings(workers=workers).pool_size
+    service_command = [
+        *grounding_command(),
+        "serve",
+        "--host",
+        HOST,
+        "--port",
+        str(service_port),
+        "--workers",
+        str(workers),
+    ]
+    floor_command = [
+        sys.executable,
+        "-m",
+        "bench.floor",
+        "--host",
+        HOST,
+        "--port",
+        str(floor_port),
+        "--workers",
+        str(workers),
+        "--pool-size",
+        str(pool_size),
+    ]
+    floor_environment = environment | {floor.URL_VARIABLE: libpq(url)}
+    log = scratch / f"serve-{scale}-{workers}.log"
+    with (
+        serving(service_command, environment, f"{service_url}/readyz", log) as service,
+        serving(floor_command, floor_environment, f"{floor_url}/floor/read/1", log) as floor_app,
+    ):
+        drawn = asyncio.run(sample(url, credentials, rng))
+        tag = f"s{scale}-w{workers}-{secrets.token_hex(3)}"
+        measured, block.notes = operations(service_url, credentials, drawn, tag=tag)
+        floor_loads = floors(rng)
+        for kind, load in floor_loads.items():
+            preflight(floor_url, load, f"floor {kind}")
+        for operation in measured:
+            preflight(service_url, operation.load, operation.label)
+        service_workers = workers_of(service, workers)
+        floor_workers = workers_of(floor_app, workers)
+        with MemoryWatch(service_workers) as memory, MemoryWatch(floor_workers) as floor_memory:
+            say(f"  warming up ({args.warmup:g} s each)")
+            for load in floor_loads.values():
+                run_wrk(floor_url, load, seconds=args.warmup, connections=args.connections)
+            for operation in measured:
+                run_wrk(
+                    service_url, operation.load, seconds=args.warmup, connections=args.connections
+                )
+            for repeat in range(args.repeat):
+                for operation in measured:
+                    result = block.results.setdefault(
+                        operation.key,
+                        OperationResult(operation.key, operation.label, operation.kind),
+                    )
+                    floor_load = floor_loads[operation.kind]
+                    pair = Pair(
+                        floor=run_wrk(
+                            floor_url,
+                            floor_load,
+                            seconds=args.duration,
+                            connections=args.connections,
+                        ),
+                        operation=run_wrk(
+                            service_url,
+                            operation.load,
+                            seconds=args.duration,
+                            connections=args.connections,
+                        ),
+                    )
+                    result.pairs.append(pair)
+                    say(
+                        f"  [{repeat + 1}/{args.repeat}] {operation.key:<9}"
+                        f" {pair.operation.rps:8.1f} req/s p50 {pair.operation.p50_ms:7.2f} ms"
+                        f" | floor {pair.floor.rps:8.1f} req/s p50 {pair.floor.p50_ms:6.2f} ms"
+                        + _problems(pair)
+                    )
+            if not args.no_rate_check:
+                for operation in measured:
+                    result = block.results[operation.key]
+                    rate = RATE_SHARE * result.rps
+                    result.open_loop = asyncio.run(
+                        constant_rate(
+                            HOST,
+                            service_port,
+                            operation.load,
+                            rate=rate,
+                            seconds=args.duration,
+                            connections=args.connections,
+                        )
+                    )
+                    loop = result.open_loop
+                    say(
+                        f"  open loop {operation.key:<9} at {rate:7.1f} req/s:"
+                        f" p50 {loop.p50_ms:7.2f} ms p99 {loop.p99_ms:7.2f} ms"
+                        f" ({loop.requests} requests, {loop.errors + loop.unexpected} failed)"
+                    )
+            if profile:
+                block.profiles = profile_worker(
+                    args, service_url, service_workers[0].pid, measured, scratch
+                )
+        block.peak_rss_mb = memory.peaks
+        block.floor_peak_rss_mb = floor_memory.peaks
+    block.rows_after = asyncio.run(row_counts(url))
+    return block
+
+
+def _problems(pair: Pair) -> str:
+    failed = [
+        f"{name}: {m.errors} errors, {m.unexpected} unexpected statuses"
+        for name, m in (("floor", pair.floor), ("operation", pair.operation))
+        if m.errors or m.unexpected
+    ]
+    return f"  !! {'; '.join(failed)}" if failed else ""
+
+
+def profile_worker(
+    args: argparse.Namespace,
+    service_url: str,
+    pid: int,
+    measured: Sequence[Operation],
+    scratch: Path,
+) -> dict[str, Profile]:
+    """py-spy on one worker under the verification load, then under `POST /v1/runs`."""
+    found: dict[str, Profile] = {}
+    for operation in measured:
+        if operation.key not in ("verify", "runs"):
+            continue
+        output = scratch / f"profile-{operation.key}.txt"
+        recorder = start_recording(pid, seconds=args.profile_seconds, output=output)
+        time.sleep(0.5)
+        run_wrk(
+            service_url,
+            operation.load,
+            seconds=args.profile_seconds + 1,
+            connections=args.connections,
+        )
+        _, errors = recorder.communicate(timeout=args.profile_seconds + 60)
+        if recorder.returncode != 0 or not output.exists():
+            say(f"  py-spy failed on {operation.key}: {errors.decode(errors='replace')[-300:]}")
+            continue
+        found[operation.key] = hot_spots(output.read_text())
+        say(f"  profiled {operation.key}: {found[operation.key].samples} samples")
+    return found
+
+
+# --- report --------------------------------------------------------------------------------
+
+
+def say(line: str) -> None:
+    """Progress and results, as they come."""
+    print(line, flush=True)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    say(
+        "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w)
+            for i, (h, w) in enumerate(zip(headers, widths, strict=True))
+        )
+    )
+    for row in rows:
+        say(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+
+
+def report_block(block: Block) -> None:
+    say("")
+    say(
+        f"== {block.workers} worker(s), seeded to {block.scale:,} chunks and {block.scale:,}"
+        " citations =="
+    )
+    say(
+        "rows at start: "
+        + ", ".join(f"{k} {v:,}" for k, v in block.rows_before.items())
+        + "; at end: "
+        + ", ".join(f"{k} {v:,}" for k, v in block.rows_after.items())
+    )
+    rows = []
+    for kind in (READ, WRITE):
+        results = [r for r in block.results.values() if r.kind == kind]
+        if not results:
+            continue
+        floor_rps = statistics.median(p.floor.rps for r in results for p in r.pairs)
+        floor_p50 = statistics.median(p.floor.p50_ms for r in results for p in r.pairs)
+        floor_p99 = statistics.median(p.floor.p99_ms for r in results for p in r.pairs)
+        rows.append(
+            [f"floor {kind}", f"{floor_rps:.1f}", f"{floor_p50:.2f}", f"{floor_p99:.2f}", "1", "1"]
+        )
+        rows += [
+            [
+                f"  {r.label}",
+                f"{r.rps:.1f}",
+                f"{r.p50:.2f}",
+                f"{r.p99:.2f}",
+                f"{r.rps_ratio:.3f}",
+                f"{r.p50_ratio:.2f}",
+            ]
+            for r in results
+        ]
+    _table(["operation", "req/s", "p50 ms", "p99 ms", "req/s / floor", "p50 / floor"], rows)
+    loops = [r for r in block.results.values() if r.open_loop is not None]
+    if loops:
+        say(f"open loop at {RATE_SHARE:.0%} of each operation's rate (latency from due time):")
+        _table(
+            ["operation", "rate", "served", "p50 ms", "p99 ms", "p99 / p50", "failed"],
+            [
+                [
+                    f"  {r.key}",
+                    f"{RATE_SHARE * r.rps:.1f}",
+                    f"{r.open_loop.rps:.1f}",
+                    f"{r.open_loop.p50_ms:.2f}",
+                    f"{r.open_loop.p99_ms:.2f}",
+                    f"{r.open_loop.p99_ms / r.open_loop.p50_ms:.2f}" if r.open_loop.p50_ms else "-",
+                    str(r.open_loop.errors + r.open_loop.unexpected),
+                ]
+                for r in loops
+                if r.open_loop is not None
+            ],
+        )
+    say(
+        "peak RSS per service worker: "
+        + ", ".join(f"{mb:.0f} MB" for mb in block.peak_rss_mb.values())
+        + " (floor's workers: "
+        + ", ".join(f"{mb:.0f} MB" for mb in block.floor_peak_rss_mb.values())
+        + ")"
+    )
+    for note in block.notes:
+        say(f"note: {note}")
+
+
+def report_profiles(block: Block) -> None:
+    for key, found in block.profiles.items():
+        say("")
+        say(
+            f"== hot spots under {key} ({block.workers} worker, {block.scale:,}):"
+            f" {found.samples} busy samples =="
+        )
+        _table(
+            ["own (leaf) function", "own %", "total %"],
+            [[f"  {h.function}", f"{h.own:.1f}", f"{h.total:.1f}"] for h in found.by_own],
+        )
+        _table(
+            ["service code, inclusive", "own %", "total %"],
+            [[f"  {h.function}", f"{h.own:.1f}", f"{h.total:.1f}"] for h in found.by_total_in_app],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A target: what it holds against, the figure found, and whether it passed."""
+
+    target: str
+    found: str
+    passed: bool
+
+
+def checks(blocks: Sequence[Block], seeding: Sequence[tuple[int, SeedReport]]) -> list[Check]:
+    """Every target the run measured."""
+    found: list[Check] = []
+    shares = (
+        ("verify", 0.6, "grounded verification >= 0.6 x write floor req/s"),
+        ("excerpt", 0.75, "excerpt >= 0.75 x read floor req/s"),
+        ("runs", 0.5, "POST /runs (20 results) >= 0.5 x write floor req/s"),
+        ("resolve", 0.3, "resolve of 100 ids >= 0.3 x read floor req/s"),
+    )
+    for block in blocks:
+        where = f"[{block.workers}w, {block.scale:,}]"
+        for key, share, target in shares:
+            if key in block.results:
+                ratio = block.results[key].rps_ratio
+                found.append(Check(f"{where} {target}", f"{ratio:.3f}", ratio >= share))
+        for result in block.results.values():
+            loop = result.open_loop
+            if loop is not None and loop.p50_ms:
+                ratio = loop.p99_ms / loop.p50_ms
+                found.append(
+                    Check(
+                        f"{where} {result.key}: p99 <= 4 x p50 at 70% of max rate",
+                        f"{ratio:.2f}",
+                        ratio <= 4 and _kept_up(result, loop),
+                    )
+                )
+        peak = max(block.peak_rss_mb.values(), default=0.0)
+        found.append(Check(f"{where} peak RSS <= 200 MB per worker", f"{peak:.0f} MB", peak <= 200))
+    scales = sorted({b.scale for b in blocks})
+    for workers in sorted({b.workers for b in blocks}):
+        by_scale = {b.scale: b for b in blocks if b.workers == workers}
+        if len(scales) < 2:
+            continue
+        small, large = by_scale[scales[0]], by_scale[scales[-1]]
+        for key, result in large.results.items():
+            if key in small.results:
+                ratio = result.p50 / small.results[key].p50
+                found.append(
+                    Check(
+                        f"[{workers}w] {key}: p50 at {scales[-1]:,} <= 1.25 x p50 at {scales[0]:,}",
+                        f"{ratio:.2f}",
+                        ratio <= 1.25,
+                    )
+                )
+    for scale, seeded in seeding:
+        found.append(
+            Check(
+                f"seeding to {scale:,} >= 50,000 chunks/s",
+                f"{seeded.chunks_per_second:,.0f}",
+                seeded.chunks_per_second >= 50_000,
+            )
+        )
+    for scale in scales:
+        by_workers = {b.workers: b for b in blocks if b.scale == scale}
+        if 1 in by_workers and 2 in by_workers and "verify" in by_workers[1].results:
+            one = by_workers[1].results["verify"].rps
+            two = by_workers[2].results["verify"].rps
+            found.append(
+                Check(
+                    f"[{scale:,}] two workers >= 1.6 x one worker's verification req/s",
+                    f"{two / one:.2f}",
+                    two / one >= 1.6,
+                )
+            )
+    return found
+
+
+def _kept_up(result: OperationResult, loop: Measurement) -> bool:
+    """Whether the open loop's rate was served without failures or a growing backlog."""
+    return loop.errors + loop.unexpected == 0 and loop.rps >= 0.95 * RATE_SHARE * result.rps
+
+
+def report_scaling(blocks: Sequence[Block]) -> None:
+    scales = sorted({b.scale for b in blocks})
+    if len(scales) < 2:
+        return
+    for workers in sorted({b.workers for b in blocks}):
+        by_scale = {b.scale: b for b in blocks if b.workers == workers}
+        small, large = by_scale[scales[0]], by_scale[scales[-1]]
+        say("")
+        say(f"== {workers} worker(s): {scales[-1]:,} against {scales[0]:,} ==")
+        _table(
+            [
+                "operation",
+                "p50 small",
+                "p50 large",
+                "p50 ratio",
+                "(p50/floor) ratio",
+                "req/s ratio",
+            ],
+            [
+                [
+                    f"  {key}",
+                    f"{small.results[key].p50:.2f}",
+                    f"{r.p50:.2f}",
+                    f"{r.p50 / small.results[key].p50:.2f}",
+                    f"{r.p50_ratio / small.results[key].p50_ratio:.2f}",
+                    f"{r.rps / small.results[key].rps:.2f}",
+                ]
+                for key, r in large.results.items()
+                if key in small.results
+            ],
+        )
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line."""
+    root = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    root.add_argument(
+        "--workers", type=int, nargs="+", default=[1], help="worker counts to measure (default 1)"
+    )
+    root.add_argument(
+        "--scales",
+        type=int,
+        nargs="+",
+        default=[10_000, 1_000_000],
+        help="database sizes, in chunks and in citations (default 10000 1000000)",
+    )
+    root.add_argument("--duration", type=float, default=10, help="seconds per measurement")
+    root.add_argument("--warmup", type=float, default=3, help="seconds of warm-up per load")
+    root.add_argument("--repeat", type=int, default=3, help="measurements per operation")
+    root.add_argument("--connections", type=int, default=32, help="wrk's connections")
+    root.add_argument("--database-url", help="a PostgreSQL server as the schema's owner")
+    root.add_argument("--no-rate-check", action="store_true", help="skip the open-loop check")
+    root.add_argument("--no-profile", action="store_true", help="skip py-spy")
+    root.add_argument("--profile-seconds", type=float, default=10, help="py-spy per load")
+    root.add_argument("--json", type=Path, help="also write every figure to this file")
+    return root
+
+
+def missing_tools(args: argparse.Namespace) -> list[str]:
+    """What the run needs and this machine lacks, with how to get it."""
+    missing = []
+    if wrk_path() is None:
+        missing.append(
+            "wrk is not installed: `apt-get install wrk` (Debian, Ubuntu), `brew install wrk`"
+            " (macOS), or build it from its source"
+        )
+    if not args.no_profile and py_spy_path() is None:
+        missing.append(
+            "py-spy is not installed: `.venv/bin/pip install py-spy`, or run with --no-profile"
+        )
+    return missing
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print its report."""
+    args = parser().parse_args(argv)
+    missing = missing_tools(args)
+    if missing:
+        raise SystemExit("\n".join(missing))
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    say(MACHINE_NOTE.format(cpus=os.cpu_count()))
+    rng = random.Random(20261203)
+    blocks: list[Block] = []
+    seeding: list[tuple[int, SeedReport]] = []
+    with tempfile.TemporaryDirectory(prefix="grounding-bench-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        with database(args, scratch) as url:
+            environment = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+            environment["DATABASE_URL"] = url
+            tenant = f"bench-{secrets.token_hex(3)}"
+            grounding(environment, "tenants", "create", tenant)
+            printed = (
+                grounding(
+                    environment,
+                    "keys",
+                    "create",
+                    "--tenant",
+                    tenant,
+                    "--scopes",
+                    "ingest,agent,support,audit",
+                )
+                .strip()
+                .splitlines()
+            )
+            seed_key = (
+                grounding(environment, "keys", "create", "--tenant", tenant, "--scopes", "agent")
+                .strip()
+                .splitlines()
+            )
+            credentials = Credentials(
+                tenant=tenant,
+                secret=printed[-1],
+                key_id=printed[-2].split()[1],
+                seed_key_id=seed_key[-2].split()[1],
+            )
+            seeder = Seeder(tenant=tenant, key_id=credentials.seed_key_id)
+            seeded = 0
+            owner = libpq(url)
+            for scale in sorted(args.scales):
+                say(f"seeding {scale - seeded:,} chunks and as many citations (COPY) ...")
+                report = asyncio.run(
+                    seeder.seed(owner, chunks=scale - seeded, citations=scale - seeded)
+                )
+                seeded = scale
+                seeding.append((scale, report))
+                vacuumed = asyncio.run(vacuum(owner, SEEDED_TABLES))
+                say(
+                    f"  {report.chunks:,} chunks, {report.citations:,} citations in"
+                    f" {report.seconds:.1f} s: {report.chunks_per_second:,.0f} chunks/s"
+                    f" ({report.rows_per_second:,.0f} rows/s over the six tables);"
+                    f" VACUUM ANALYZE after it {vacuumed:.1f} s"
+                )
+                mark = asyncio.run(audit_mark(owner, tenant))
+                for workers in args.workers:
+                    say(f"measuring {workers} worker(s) at {scale:,} ...")
+                    block = measure_block(
+                        args,
+                        url=url,
+                        scratch=scratch,
+                        credentials=credentials,
+                        scale=scale,
+                        workers=workers,
+                        profile=not args.no_profile and not blocks,
+                        rng=rng,
+                    )
+                    blocks.append(block)
+                    report_block(block)
+                    asyncio.run(forget_block_writes(owner, credentials, mark))
+                    asyncio.run(vacuum(owner, WRITTEN_TABLES))
+    say("")
+    say(MACHINE_NOTE.format(cpus=os.cpu_count()))
+    for block in blocks:
+        report_block(block)
+    report_scaling(blocks)
+    for block in blocks:
+        report_profiles(block)
+    say("")
+    say("== targets ==")
+    for check in checks(blocks, seeding):
+        say(f"{'PASS' if check.passed else 'FAIL'}  {check.target}: {check.found}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "seeding": [{"scale": s, **asdict(r)} for s, r in seeding],
+                    "blocks": [asdict(b) for b in blocks],
+                    "checks": [asdict(c) for c in checks(blocks, seeding)],
+                },
+                indent=2,
+                default=str,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
