@@ -343,6 +343,7 @@ def _forged(value: Any) -> str:
         {"cursor": _forged(["yesterday", "ver_x", "acme"])},
         {"cursor": _forged(["2026-12-01T00:00:00", "ver_x", "acme"])},
         {"cursor": _forged({"v": None})},
+        {"cursor": base64.urlsafe_b64encode(b"[" * 1500).decode()},
         {"since": "2026-12-01T00:00:00"},
         {"since": "2026-12-02T00:00:00Z", "until": "2026-12-01T00:00:00Z"},
         {"outcomes": "grounded"},

@@ -175,7 +175,7 @@ def _bad_cursor() -> InvalidRequest:
 def _decode(cursor: str) -> Any:
     try:
         return json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (ValueError, binascii.Error) as exc:
+    except (ValueError, binascii.Error, RecursionError) as exc:
         raise _bad_cursor() from exc
 
 
