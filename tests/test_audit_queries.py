@@ -651,3 +651,16 @@ async def test_audit_bodies_carry_no_document_memory_or_claim_text(
     fragments += [SHIPPING_TEXT[:12], "Refunds take thirty days", "And are instant"]
     assert [f for f in fragments if f in seen] == []
     assert history["grounded"] in seen
+
+
+async def test_admin_reads_are_kept_in_the_admin_keys_tenant_under_row_level_security(
+    client: httpx.AsyncClient, keys: Keys, sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    await _get(client, keys, "/v1/audit/erasures", scope="admin", key_tenant="globex")
+    assert await _admin_reads(sessionmaker) == []
+    async with sessionmaker() as session, session.begin():
+        await scope_to_tenant(session, "globex")
+        reads = list((await session.execute(select(AdminRead))).scalars())
+        unscoped = await session.execute(text("SELECT count(*) FROM admin_reads WHERE true"))
+    assert [(r.tenant, r.key_id) for r in reads] == [("globex", _key_id(keys, "admin", "globex"))]
+    assert unscoped.scalar() == 1
