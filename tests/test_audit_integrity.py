@@ -15,10 +15,23 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 from app.config import Settings
-from app.db import async_url, create_engine, create_sessionmaker, migrate, request_url
+from app.db import (
+    async_url,
+    create_engine,
+    create_sessionmaker,
+    migrate,
+    request_url,
+    scope_to_tenant,
+)
 from app.main import create_app
 from tests.conftest import admin_execute
 from tests.factories import Keys, make_keys, policy_chunks, record_run, register_version
@@ -29,6 +42,7 @@ class Committed:
     client: httpx.AsyncClient
     keys: Keys
     owner: AsyncEngine
+    sessionmaker: async_sessionmaker[AsyncSession]
 
 
 @pytest.fixture
@@ -46,7 +60,9 @@ async def committed(server_url: str) -> AsyncIterator[Committed]:
         keys = await make_keys(app.state.sessionmaker)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://audit.test") as client:
-            yield Committed(client=client, keys=keys, owner=owner)
+            yield Committed(
+                client=client, keys=keys, owner=owner, sessionmaker=app.state.sessionmaker
+            )
     finally:
         await engine.dispose()
         await owner.dispose()
@@ -228,3 +244,16 @@ async def test_the_service_role_cannot_update_or_delete_audit_rows(
         with pytest.raises(DBAPIError, match="permission denied"):
             await connection.execute(text(statement))
         await savepoint.rollback()
+
+
+async def test_checkpoints_are_visible_to_their_tenant_only(committed: Committed) -> None:
+    await _history(committed)
+    assert (await _integrity(committed))["checkpoints"] == 1
+    async with committed.sessionmaker() as session, session.begin():
+        seen = {}
+        for tenant in ("acme", "globex"):
+            await scope_to_tenant(session, tenant)
+            seen[tenant] = (
+                await session.execute(text("SELECT count(*) FROM audit_checkpoints"))
+            ).scalar()
+    assert seen == {"acme": 1, "globex": 0}

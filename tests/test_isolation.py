@@ -13,19 +13,20 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+import app.models  # noqa: F401  (registers every table)
 from app.config import Settings
-from app.db import APP_ROLE, async_url, request_url, scope_to_tenant
+from app.db import APP_ROLE, Base, async_url, request_url, scope_to_tenant
 from tests.factories import Keys, record_run, register_version
 
-TENANT_TABLES = (
-    "document_versions",
-    "version_keys",
-    "chunks",
-    "runs",
-    "citations",
-    "verifications",
-    "memory_records",
-    "erasures",
+# Every table with a tenant column, found from the models, so a table added later is covered.
+GLOBAL_TABLES = ("tenants", "api_keys")
+# Checkpoints seal only committed transactions, never this test's own: the committed database
+# of tests/test_audit_integrity.py has them, and row security on them is checked below.
+SEALED_AFTER_COMMIT = ("audit_checkpoints",)
+TENANT_TABLES = tuple(
+    table.name
+    for table in Base.metadata.sorted_tables
+    if "tenant" in table.c and table.name not in GLOBAL_TABLES
 )
 
 
@@ -56,6 +57,10 @@ async def _two_tenants_of_data(client: httpx.AsyncClient, keys: Keys) -> None:
         )
         assert erased.status_code == 200, erased.text
         await register_version(client, keys, tenant=tenant, version="2026-12-01")
+        # An admin read is recorded in the admin's tenant; an integrity check seals a checkpoint.
+        for scope, path in (("admin", "/v1/audit/runs"), ("audit", "/v1/audit/integrity")):
+            read = await client.get(path, headers=keys.headers(scope, tenant=tenant))
+            assert read.status_code == 200, read.text
 
 
 async def test_unfiltered_select_sees_only_the_current_tenant(
@@ -66,6 +71,8 @@ async def test_unfiltered_select_sees_only_the_current_tenant(
         for tenant in ("acme", "globex"):
             await scope_to_tenant(session, tenant)
             for table in TENANT_TABLES:
+                if table in SEALED_AFTER_COMMIT:
+                    continue
                 seen = (await session.execute(text(f"SELECT DISTINCT tenant FROM {table}"))).all()
                 assert [row.tenant for row in seen] == [tenant], table
 
