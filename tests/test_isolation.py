@@ -174,3 +174,46 @@ async def test_auditor_role_reads_every_tenant_and_writes_nothing(
         assert sorted(tenants) == ["acme", "globex"]
         with pytest.raises(DBAPIError, match="permission denied"):
             await session.execute(text("DELETE FROM runs"))
+
+
+async def test_admin_reads_another_tenant_only_when_it_names_it_and_the_read_is_recorded(
+    client: httpx.AsyncClient, keys: Keys, sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    await register_version(client, keys)
+    run = await record_run(client, keys)
+    path = f"/v1/runs/{run['run_id']}"
+    as_acme = {**keys.headers("admin", tenant="globex"), "X-Grounding-Tenant": "acme"}
+
+    assert (
+        await client.get(path, headers=keys.headers("admin", tenant="globex"))
+    ).status_code == 404
+    read = await client.get(path, headers=as_acme)
+    assert read.status_code == 200, read.text
+    assert read.json()["citations"] == run["citations"]
+    excerpt = await client.get(
+        f"/v1/citations/{run['citations'][0]['citation_id']}/excerpt", headers=as_acme
+    )
+    assert excerpt.status_code == 200
+
+    async with sessionmaker() as session:
+        await scope_to_tenant(session, "globex")
+        recorded = (
+            await session.execute(text("SELECT route, filters FROM admin_reads ORDER BY read_at"))
+        ).all()
+    assert [(r.route, r.filters) for r in recorded] == [
+        (f"GET {path}", {"tenant": "acme"}),
+        (f"GET /v1/citations/{run['citations'][0]['citation_id']}/excerpt", {"tenant": "acme"}),
+    ]
+
+
+async def test_naming_a_tenant_is_refused_to_non_admin_keys_and_on_writes(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    await register_version(client, keys)
+    run = await record_run(client, keys)
+    support = {**keys.headers("support", tenant="globex"), "X-Grounding-Tenant": "acme"}
+    refused = await client.get(f"/v1/runs/{run['run_id']}", headers=support)
+    agent = {**keys.headers("agent", tenant="globex"), "X-Grounding-Tenant": "acme"}
+    write = await client.post("/v1/runs", json={"results": []}, headers=agent)
+    assert (refused.status_code, write.status_code) == (403, 403)
+    assert refused.json()["code"] == write.json()["code"] == "forbidden"

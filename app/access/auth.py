@@ -1,23 +1,47 @@
-"""The request's principal: its key opened, its scope checked, the session scoped to its tenant."""
+"""The request's principal: its key opened, its scope checked, the session scoped to its tenant.
+
+An admin key reads what the other scopes read, of any tenant it names in `X-Grounding-Tenant`:
+the read is recorded in the admin's own audit log first, then the session is scoped to the
+named tenant, so row-level security stays on and the admin sees exactly what that tenant would.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.access import service as access
 from app.access.service import Principal
+from app.audit import service as audit
 from app.db import SessionDep, scope_to_tenant
 from app.errors import Forbidden, Unauthorized
 
+ACTING_TENANT = "x-grounding-tenant"
 
-def require(*scopes: str) -> Callable[[Request, SessionDep], Awaitable[Principal]]:
-    """A dependency that admits a key holding any of `scopes` (admin reads what others read)."""
+
+ActingTenant = Annotated[
+    str | None,
+    Header(
+        alias=ACTING_TENANT,
+        description="Admin keys, on reads: read as this tenant (the read is audited)",
+        max_length=128,
+    ),
+]
+
+
+def require(
+    *scopes: str, reads: bool = False
+) -> Callable[[Request, SessionDep, ActingTenant], Awaitable[Principal]]:
+    """A dependency that admits a key holding any of `scopes`; on `reads`, an admin key may act
+    as the tenant it names."""
     allowed = frozenset(scopes)
 
-    async def authorize(request: Request, session: SessionDep) -> Principal:
+    async def authorize(
+        request: Request, session: SessionDep, acting: ActingTenant = None
+    ) -> Principal:
         scheme, _, secret = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             raise Unauthorized("a valid API key is required")
@@ -25,17 +49,37 @@ def require(*scopes: str) -> Callable[[Request, SessionDep], Awaitable[Principal
         if not principal.scopes & allowed:
             raise Forbidden(f"this operation needs one of the scopes: {', '.join(sorted(allowed))}")
         await scope_to_tenant(session, principal.tenant)
+        if acting is not None and acting != principal.tenant:
+            principal = await _act_as(request, session, principal, acting, reads=reads)
         request.state.principal = principal
         return principal
 
     return authorize
 
 
+async def _act_as(
+    request: Request, session: AsyncSession, admin: Principal, tenant: str, *, reads: bool
+) -> Principal:
+    if not reads or "admin" not in admin.scopes:
+        raise Forbidden(
+            f"only an admin key reads as another tenant, and only reads ({ACTING_TENANT})"
+        )
+    await audit.record_admin_read(
+        session,
+        tenant=admin.tenant,
+        key_id=admin.key_id,
+        route=f"{request.method} {request.url.path}",
+        filters={"tenant": tenant},
+    )
+    await scope_to_tenant(session, tenant)
+    return Principal(tenant=tenant, key_id=admin.key_id, scopes=frozenset({"admin"}))
+
+
 READERS = ("agent", "support", "admin")
 
 IngestKey = Annotated[Principal, Depends(require("ingest"))]
-IngestReadKey = Annotated[Principal, Depends(require("ingest", "admin"))]
+IngestReadKey = Annotated[Principal, Depends(require("ingest", "admin", reads=True))]
 AgentKey = Annotated[Principal, Depends(require("agent"))]
-ReaderKey = Annotated[Principal, Depends(require(*READERS))]
+ReaderKey = Annotated[Principal, Depends(require(*READERS, reads=True))]
 AuditKey = Annotated[Principal, Depends(require("audit", "admin"))]
 AdminKey = Annotated[Principal, Depends(require("admin"))]
