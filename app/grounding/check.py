@@ -167,17 +167,20 @@ def _citation_violations(
         citation.span_sha256,
     ):
         differing.append("span_sha256")
+    # Every differing field is a violation, but only the first says what was missing and
+    # available: repeating the run's every id for each field could make a thousand citations
+    # with a dozen fields changed twelve million ids long.
     return [
         Violation(
             violation_class="ungrounded_citation",
             citation=index,
             citation_id=citation.citation_id,
             field=field,
-            missing=(citation.citation_id,),
-            available=issued_ids,
+            missing=(citation.citation_id,) if n == 0 else None,
+            available=issued_ids if n == 0 else None,
             detail=f"the citation's {field} is not what this run issued",
         )
-        for field in differing
+        for n, field in enumerate(differing)
     ]
 
 
