@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     max_resolve_ids: int = Field(
         default=1_000, ge=1, description="Ids per `POST /v1/citations/resolve`"
     )
+    max_json_depth: int = Field(
+        default=32, ge=4, description="Deepest nesting of arrays and objects in a request body"
+    )
     otel_exporter_otlp_endpoint: str | None = Field(
         default=None,
         validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_ENDPOINT"),

@@ -10,9 +10,10 @@
     ├── IntegrityFailure        500 integrity_error: stored text no longer matches its hash
     └── ServiceUnavailable      503 service_unavailable, with Retry-After
 
-The core's `GroundingError`s render here too (422, with `violations` or `errors`). Document text
-never appears in a problem: details are written by the service, not copied from input or from
-the database.
+The core's `GroundingError`s render here too (422, with `violations` or `errors`). Every body
+has the shape of `Problem`, which the OpenAPI document gives for every problem response.
+Document text never appears in a problem: details are written by the service, not copied from
+input or from the database.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, ClassVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -33,6 +35,39 @@ from app.grounding.excerpt import ExcerptIntegrityError
 logger = logging.getLogger("app.errors")
 
 PROBLEM_JSON = "application/problem+json"
+# A 422 lists this many of a request's validation errors, which could be as many as its body
+# has values; `error_count` says how many there were.
+MAX_LISTED_ERRORS = 100
+
+
+class Problem(BaseModel):
+    """A problem body (RFC 9457): the standard members, `code`, and the extensions of some codes."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="`urn:grounding:problem:` and the code")
+    title: str
+    status: int = Field(description="The HTTP status, repeated")
+    detail: str = Field(description="What went wrong, in the service's words, never the input's")
+    code: str = Field(description="What a client branches on, e.g. `configuration_error`")
+    errors: list[dict[str, Any]] | None = Field(
+        default=None,
+        description=(
+            "`validation_error`: each bad field (`loc`, `msg`, `type`); `configuration_error`:"
+            " each bad result (`index`, `field`, `problem`)"
+        ),
+    )
+    violations: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="A rejected answer's every violation (`class`, `claim`, `citation`, ...)",
+    )
+    verification_id: str | None = Field(
+        default=None, description="A rejected answer's record in the audit trail"
+    )
+    error_count: int | None = Field(
+        default=None, description="`validation_error`: how many errors; `errors` lists the first"
+    )
+    limit: int | None = Field(default=None, description="`payload_too_large`: the limit")
 
 
 class AppError(Exception):
@@ -100,6 +135,19 @@ class MethodNotAllowed(AppError):
     """The route exists, the method does not."""
 
     status, code, title = 405, "method_not_allowed", "Method not allowed"
+
+
+def problem_response(description: str) -> dict[str, Any]:
+    """An OpenAPI response whose body is a `Problem`, for a route's or the app's `responses`."""
+    schema = {"$ref": "#/components/schemas/Problem"}
+    return {"description": description, "content": {PROBLEM_JSON: {"schema": schema}}}
+
+
+# What reads of cited text may answer: a live citation whose stored text is gone or no longer
+# matches its hash is tampering, never the client's error.
+INTEGRITY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    500: problem_response("`integrity_error`: the stored text does not match the citation")
+}
 
 
 def enforce_limit(what: str, count: int, limit: int) -> None:
@@ -191,12 +239,18 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         # Never echo `input` or `ctx`: they may hold document text.
+        found = exc.errors()
         errors = [
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
+            for e in found[:MAX_LISTED_ERRORS]
         ]
         return problem(
-            422, "validation_error", "Validation error", "the request is not valid", errors=errors
+            422,
+            "validation_error",
+            "Validation error",
+            "the request is not valid",
+            errors=errors,
+            error_count=len(found),
         )
 
     async def on_http_exception(request: Request, exc: Exception) -> JSONResponse:
@@ -205,6 +259,9 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
             error: AppError = MethodNotAllowed("this method is not allowed on this resource")
         elif exc.status_code == 404:
             error = NotFound("no such resource")
+        elif exc.status_code == 400:
+            # A body that is not even text (not UTF-8) is as invalid as one that is not JSON.
+            error = InvalidRequest("the request body could not be parsed")
         else:
             return problem(exc.status_code, "http_error", "HTTP error", str(exc.detail))
         response = await on_app_error(request, error)

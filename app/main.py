@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,19 +25,21 @@ from app.db import (
     request_url,
 )
 from app.documents.router import router as documents_router
-from app.errors import ServiceUnavailable, install_error_handlers
+from app.errors import Problem, ServiceUnavailable, install_error_handlers, problem_response
 from app.memory.router import router as memory_router
 from app.metrics import Metrics
-from app.middleware import RequestGuard
+from app.middleware import NestingLimit, RequestGuard
 from app.runs.router import router as runs_router
 from app.telemetry import instrument, otlp_tracer_provider
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"content": {"application/problem+json": {}}, "description": description}
+    status: problem_response(description)
     for status, description in {
         401: "No API key, or one that does not open",
         403: "The key lacks the scope",
         404: "No such resource for this tenant",
+        # Path parameters are matched decoded: one holding `/` can name another resource.
+        405: "The path, as decoded, names a resource without this method",
         413: "Over a configured limit",
         422: "Invalid request, or a grounding rule broken",
         503: "The database cannot be reached; retry after Retry-After seconds",
@@ -47,6 +49,19 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 def _operation_id(route: APIRoute) -> str:
     return route.name
+
+
+def _with_problem_schema(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """The app's OpenAPI document with `Problem`, which every problem response refers to."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schemas = generate().setdefault("components", {}).setdefault("schemas", {})
+            schemas["Problem"] = Problem.model_json_schema()
+        return generate()  # built once, then cached on the app
+
+    return openapi
 
 
 def create_app(
@@ -82,6 +97,7 @@ def create_app(
         generate_unique_id_function=_operation_id,
         responses=PROBLEM_RESPONSES,
     )
+    app.openapi = _with_problem_schema(app)  # type: ignore[method-assign]
     app.state.metrics = Metrics()
     app.dependency_overrides[get_settings] = lambda: settings
     install_error_handlers(app, retry_after=settings.retry_after)
@@ -114,6 +130,7 @@ def create_app(
             generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )
 
+    app.add_middleware(NestingLimit, max_depth=settings.max_json_depth)
     provider = tracer_provider or exporting
     if provider is not None:
         instrument(app, provider)

@@ -16,15 +16,17 @@ import logging
 import re
 import secrets
 import time
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import fastapi.routing
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import PayloadTooLarge, internal_error, problem
+from app.errors import InvalidRequest, PayloadTooLarge, internal_error, problem
 from app.metrics import Metrics
 
 logger = logging.getLogger("app.requests")
@@ -182,3 +184,68 @@ def _routes(app: object) -> Iterable[Any]:
     # FastAPI nests included routers; this (when it has it) yields the routes inside them.
     flatten = getattr(fastapi.routing, "iter_route_contexts", None)
     return flatten(routes) if flatten is not None else routes
+
+
+# A JSON string once its escapes are gone: the brackets it holds are text, not structure.
+_JSON_STRING = re.compile(rb'"[^"]*"')
+# Each opening bracket as a step of +1, each closing one as -1 (a signed byte), nothing else.
+_STEPS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_BLOCK = 1 << 16
+
+
+def nests_deeper(body: bytes, limit: int) -> bool:
+    """Whether the JSON in `body` nests arrays and objects more than `limit` levels deep.
+
+    Nothing is parsed: strings are cut out and the brackets kept as steps up and down, and the
+    running level is summed a block at a time, at C speed; a block with too few openings to reach
+    the limit is only counted. A body that is not balanced is left to the parser to refuse.
+    """
+    # Escaped backslashes go first, so that what is left of `\"` is an escaped quote.
+    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    steps = _JSON_STRING.sub(b"", unescaped).translate(_STEPS, _NOT_BRACKETS)
+    level = 0
+    for start in range(0, len(steps), _BLOCK):
+        block = steps[start : start + _BLOCK]
+        openings = block.count(1)
+        if level + openings <= limit:
+            level += 2 * openings - len(block)
+            continue
+        levels = list(accumulate(array("b", block), initial=level))
+        if max(levels) > limit:
+            return True
+        level = levels[-1]
+    return False
+
+
+class NestingLimit:
+    """Refuses a body nested deeper than `max_depth` with 422 before anything parses it: JSON
+    parsers and validators recurse once a level. Inside `RequestGuard`, the body is whole."""
+
+    def __init__(self, app: ASGIApp, *, max_depth: int) -> None:
+        self.app = app
+        self.max_depth = max_depth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        messages = [await receive()]
+        while messages[-1]["type"] == "http.request" and messages[-1].get("more_body", False):
+            messages.append(await receive())
+        if nests_deeper(b"".join(m.get("body", b"") for m in messages), self.max_depth):
+            error = InvalidRequest(
+                f"the body nests arrays and objects over {self.max_depth} levels deep",
+                limit=self.max_depth,
+            )
+            response = problem(
+                error.status, error.code, error.title, error.detail, **error.extensions
+            )
+            await response(scope, receive, send)
+            return
+        pending = iter(messages)
+
+        async def replay() -> Message:
+            return next(pending, None) or await receive()
+
+        await self.app(scope, replay, send)

@@ -28,7 +28,7 @@ class KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tenant: TenantName
-    scopes: Annotated[list[Scope], Field(min_length=1)]
+    scopes: Annotated[list[Scope], Field(min_length=1, max_length=16)]
 
 
 class KeyRead(BaseModel):

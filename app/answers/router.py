@@ -7,25 +7,29 @@ from fastapi import APIRouter, Request
 from app.access.auth import AgentKey, ReaderKey
 from app.answers import service as answers
 from app.answers.schemas import ClaimRead, VerificationPassed, VerificationRead
-from app.config import SettingsDep
 from app.db import SessionDep
-from app.errors import enforce_limit
 from app.grounding.models import CitedAnswer
+from app.limits import limit_items
 
 router = APIRouter(tags=["answers"])
 
 
-@router.post("/v1/runs/{run_id}/answers")
+@router.post(
+    "/v1/runs/{run_id}/answers",
+    dependencies=[
+        limit_items("claims", what="claims per answer", limit=lambda s: s.max_claims_per_answer),
+        limit_items(
+            "citations", what="citations per answer", limit=lambda s: s.max_citations_per_answer
+        ),
+    ],
+)
 async def verify_answer(
     run_id: str,
     body: CitedAnswer,
     request: Request,
     session: SessionDep,
     principal: AgentKey,
-    settings: SettingsDep,
 ) -> VerificationPassed:
-    enforce_limit("claims per answer", len(body.claims), settings.max_claims_per_answer)
-    enforce_limit("citations per answer", len(body.citations), settings.max_citations_per_answer)
     verification = await answers.verify_answer(
         session, principal=principal, run_id=run_id, answer=body
     )

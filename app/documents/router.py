@@ -17,7 +17,9 @@ from app.documents.schemas import (
     VersionCreate,
     VersionRead,
 )
+from app.errors import problem_response
 from app.grounding.models import Identifier
+from app.limits import limit_items
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
@@ -28,8 +30,12 @@ DocumentId = Annotated[Identifier, Path()]
 @router.post(
     "/{document_id}/versions",
     status_code=status.HTTP_201_CREATED,
+    dependencies=[
+        limit_items("chunks", what="chunks per version", limit=lambda s: s.max_chunks_per_version)
+    ],
     responses={
-        200: {"model": VersionRead, "description": "The same content was registered before"}
+        200: {"model": VersionRead, "description": "The same content was registered before"},
+        409: problem_response("`version_conflict`: the version holds other content, or was erased"),
     },
 )
 async def register_version(

@@ -70,7 +70,7 @@ class ErasureCreate(BaseModel):
 
     reason: Annotated[str, Field(min_length=1, max_length=4096)]
     request_ref: Annotated[str, Field(min_length=1, max_length=256)]
-    versions: Annotated[list[Identifier], Field(min_length=1)] | None = None
+    versions: Annotated[list[Identifier], Field(min_length=1, max_length=1000)] | None = None
 
 
 class ErasureRead(BaseModel):

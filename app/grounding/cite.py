@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from app.grounding.errors import ConfigurationError
-from app.grounding.models import Citation, Frozen, Identifier, Locator, Span
+from app.grounding.models import Branches, Citation, Frozen, Identifier, Locator, Span
 
 
 class RetrievalResult(Frozen):
@@ -36,7 +36,7 @@ class RetrievalResult(Frozen):
     start: Annotated[int, Field(ge=0)] | None = None
     end: Annotated[int, Field(ge=0)] | None = None
     score: float | None = None
-    branches: dict[str, float] = Field(default_factory=dict)
+    branches: Branches = Field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

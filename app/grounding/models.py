@@ -25,6 +25,15 @@ def _fits(value: str) -> str:
 
 
 Identifier = Annotated[str, Field(min_length=1, max_length=IDENTIFIER_BYTES), AfterValidator(_fits)]
+# Bounds on what an answer carries, none of them near what a real one needs: the body limit alone
+# would let one claim or citation be megabytes long.
+Prose = Annotated[str, Field(max_length=65_536)]
+LocatorText = Annotated[str, Field(max_length=4096)]
+# Retrieval branches by name (`bm25`, `vector`, `rerank`, ...) and their scores.
+Branches = Annotated[dict[Annotated[str, Field(max_length=256)], float], Field(max_length=64)]
+# Ids one claim rests on. A claim's list of the wrong values is reported at its first bad item,
+# so that claims times ids cannot multiply into millions of errors.
+ClaimCitationIds = Annotated[tuple[Identifier, ...], Field(max_length=1000, fail_fast=True)]
 
 
 class Frozen(BaseModel):
@@ -49,9 +58,9 @@ class Span(Frozen):
 class Locator(Frozen):
     """Where a reader goes to look."""
 
-    uri: str | None = None
+    uri: LocatorText | None = None
     page: int | None = None
-    section: str | None = None
+    section: LocatorText | None = None
 
 
 class Citation(Frozen):
@@ -65,7 +74,7 @@ class Citation(Frozen):
     chunk_id: str
     span: Span
     score: float | None
-    branches: dict[str, float]
+    branches: Branches
     retrieved_at: datetime
     locator: Locator
     span_sha256: str | None = Field(
@@ -81,15 +90,15 @@ class AnswerCitation(Frozen):
     citation_id: Identifier
     document_id: Identifier
     document_version: Identifier
-    tenant: str | None = None
-    run_id: str | None = None
-    chunk_id: str | None = None
+    tenant: Identifier | None = None
+    run_id: Identifier | None = None
+    chunk_id: Identifier | None = None
     span: Span | None = None
     score: float | None = None
-    branches: dict[str, float] | None = None
+    branches: Branches | None = None
     retrieved_at: datetime | None = None
     locator: Locator | None = None
-    span_sha256: str | None = None
+    span_sha256: Identifier | None = None
     span_utf8: Span | None = None
     span_utf16: Span | None = None
 
@@ -98,15 +107,15 @@ class Quote(Frozen):
     """Words a claim quotes from one of its citations; they must occur in its pinned span."""
 
     citation_id: Identifier
-    text: Annotated[str, Field(min_length=1)]
+    text: Annotated[str, Field(min_length=1, max_length=65_536)]
 
 
 class Claim(Frozen):
     """One statement of the answer, the citation ids it rests on, and any words it quotes."""
 
-    text: str
-    citation_ids: tuple[Identifier, ...]
-    quotes: tuple[Quote, ...] = ()
+    text: Prose
+    citation_ids: ClaimCitationIds
+    quotes: Annotated[tuple[Quote, ...], Field(max_length=1000, fail_fast=True)] = ()
 
 
 class CitedAnswer(Frozen):

@@ -5,9 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, status
 
 from app.access.auth import AgentKey, ReaderKey
-from app.config import SettingsDep
 from app.db import SessionDep
-from app.errors import enforce_limit
+from app.limits import limit_items
 from app.runs import service as runs
 from app.runs.schemas import RunCreate, RunRead
 from app.runs.service import RecordedRun
@@ -27,15 +26,19 @@ def _read(recorded: RecordedRun) -> RunRead:
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[
+        limit_items("results", what="results per run", limit=lambda s: s.max_results_per_run)
+    ],
+)
 async def record_run(
     body: RunCreate,
     request: Request,
     session: SessionDep,
     principal: AgentKey,
-    settings: SettingsDep,
 ) -> RunRead:
-    enforce_limit("results per run", len(body.results), settings.max_results_per_run)
     recorded = await runs.record_run(
         session, principal=principal, query=body.query, scope=body.scope, results=body.results
     )
