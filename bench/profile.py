@@ -42,6 +42,7 @@ class Profile:
     samples: int
     by_own: list[HotSpot]
     by_total_in_app: list[HotSpot]
+    by_package: list[HotSpot]
 
 
 def start_recording(pid: int, *, seconds: float, output: Path) -> subprocess.Popen[bytes]:
@@ -81,10 +82,18 @@ def _short(frame: str) -> str:
     return f"{matched['function']} ({path})"
 
 
+def _package(frame: str) -> str:
+    matched = _FRAME.match(frame)
+    path = matched["file"] if matched else frame
+    return path.split("/", 1)[0] if "/" in path else path.removesuffix(".py")
+
+
 def hot_spots(collapsed: str, *, top: int = 10, app_prefix: str = "app/") -> Profile:
-    """The `top` functions by own share, and the `top` of the service's own code by total."""
+    """The `top` functions by own share, the `top` of the service's own code by total, and
+    the own shares by package (the first part of the frame's path)."""
     own: Counter[str] = Counter()
     total: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
     samples = 0
     for line in collapsed.splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -96,6 +105,7 @@ def hot_spots(collapsed: str, *, top: int = 10, app_prefix: str = "app/") -> Pro
             continue
         samples += count
         own[frames[-1]] += count
+        packages[_package(frames[-1])] += count
         for name in set(frames):
             total[name] += count
 
@@ -116,5 +126,9 @@ def hot_spots(collapsed: str, *, top: int = 10, app_prefix: str = "app/") -> Pro
         ],
         by_total_in_app=[
             HotSpot(function=name, own=share(own[name]), total=share(n)) for name, n in in_app[:top]
+        ],
+        by_package=[
+            HotSpot(function=name, own=share(n), total=share(n))
+            for name, n in packages.most_common()
         ],
     )

@@ -80,3 +80,4 @@ def test_hot_spots_count_own_and_total_samples_by_function() -> None:
     assert found.by_own[0].own == 75.0
     assert [h.function for h in found.by_total_in_app] == ["handle (app/x/service.py)"]
     assert found.by_total_in_app[0].total == 100.0
+    assert [(h.function, h.own) for h in found.by_package] == [("hashlib", 75.0), ("app", 25.0)]
