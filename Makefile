@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint pytest openapi bench clean
+.PHONY: run test lint pytest fuzz openapi bench soak clean
 
 $(BIN)/grounding: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is required")'
@@ -25,7 +25,12 @@ lint: $(BIN)/grounding
 	$(BIN)/lint-imports
 
 pytest: $(BIN)/grounding
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+# schemathesis over every operation of openapi.yaml against `grounding serve` on a scratch
+# embedded database, with a key of each scope (tests/fuzz.py). Takes about three minutes.
+fuzz: $(BIN)/grounding
+	$(BIN)/python -m tests.fuzz $(FUZZ_ARGS)
 
 openapi: $(BIN)/grounding
 	$(BIN)/grounding openapi > openapi.yaml
@@ -34,6 +39,10 @@ openapi: $(BIN)/grounding
 # profiles (`$(BIN)/pip install py-spy`, or BENCH_ARGS=--no-profile). Takes about 45 minutes.
 bench: $(BIN)/grounding
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# A steady mixed load on a served instance (README, Soak); SOAK_ARGS=--seconds 60 for a short one.
+soak: $(BIN)/grounding
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .grounding .pytest_cache .mypy_cache .ruff_cache
