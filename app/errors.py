@@ -188,12 +188,29 @@ def grounding_problem(error: GroundingError) -> JSONResponse:
     return problem(422, error.code, title, error.detail, **extra)
 
 
+def _sqlstate(exc: Exception) -> str:
+    sqlstate = getattr(exc.orig, "sqlstate", None) if isinstance(exc, DBAPIError) else None
+    return sqlstate if isinstance(sqlstate, str) else ""
+
+
+# The SQLSTATEs of a server going away or not there yet: a session ended by its shutdown
+# (57P01 admin, 57P02 crash), a connection refused while it starts or stops (57P03) or over
+# its limit (53300); and class 08, connection exceptions.
+_SERVER_GONE = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
 def database_unreachable(exc: Exception) -> bool:
     """Whether `exc` means the database could not be reached (as opposed to a query failing)."""
     if isinstance(exc, OSError | TimeoutError | PoolTimeoutError | InterfaceError):
         return True
     if isinstance(exc, DBAPIError):
-        return exc.connection_invalidated or isinstance(exc, OperationalError)
+        sqlstate = _sqlstate(exc)
+        return (
+            exc.connection_invalidated
+            or isinstance(exc, OperationalError)
+            or sqlstate in _SERVER_GONE
+            or sqlstate.startswith("08")
+        )
     return False
 
 
@@ -204,8 +221,7 @@ _UNSTORABLE_CHARACTER = frozenset({"22021", "22P05"})
 
 def unstorable_character(exc: Exception) -> bool:
     """Whether `exc` is the database refusing a character of some text in the request."""
-    sqlstate = getattr(exc.orig, "sqlstate", None) if isinstance(exc, DBAPIError) else None
-    return sqlstate in _UNSTORABLE_CHARACTER
+    return _sqlstate(exc) in _UNSTORABLE_CHARACTER
 
 
 def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:

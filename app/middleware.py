@@ -4,14 +4,15 @@ request's log line and metrics.
 The body is counted while it streams in and refused with 413 before anything parses it; a
 request whose client left before its body ended is not handled at all. An exception nothing
 else handled is answered as `internal_error` here, without re-raising, so its message (which
-may quote stored text) reaches no log and no client. Every request, whatever its end, is
-counted and timed by its route template (never the raw path, which is unbounded) and logged as
-one line: request id, tenant, route template, method, status and duration, nothing of the body
-or the query string.
+may quote stored text) reaches no log and no client; a request cut off by a shutdown past its
+grace period is answered 503. Every request, whatever its end, is counted and timed by its
+route template (never the raw path, which is unbounded) and logged as one line: request id,
+tenant, route template, method, status and duration, nothing of the body or the query string.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import secrets
@@ -115,6 +116,20 @@ class RequestGuard:
 
         try:
             await self.app(scope, replay, send_with_id)
+        except asyncio.CancelledError:
+            # Cut off by a shutdown whose grace period ran out (its transaction rolls back).
+            # Unlike an unreachable database, this cannot say that nothing committed, so it
+            # asks for no retry (no Retry-After).
+            if exchange.status is None:
+                cut_off = problem(
+                    503,
+                    "service_unavailable",
+                    "Service unavailable",
+                    "the service stopped before this request was done",
+                    {"connection": "close"},
+                )
+                await cut_off(scope, receive, send_with_id)
+            raise
         except Exception as exc:
             response = internal_error(exc)
             if exchange.status is None:
