@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Request
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -86,5 +86,12 @@ def get_settings() -> Settings:
     return Settings()
 
 
-# The app built by `create_app(settings)` overrides this dependency with its own settings.
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+def app_settings(request: Request) -> Settings:
+    """The settings the app was built with (`create_app(settings)`)."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+# Read from the app, not through a dependency override: with any override in place, FastAPI
+# rebuilds every route's dependency tree on every request.
+SettingsDep = Annotated[Settings, Depends(app_settings)]

@@ -99,7 +99,7 @@ def create_app(
     )
     app.openapi = _with_problem_schema(app)  # type: ignore[method-assign]
     app.state.metrics = Metrics()
-    app.dependency_overrides[get_settings] = lambda: settings
+    app.state.settings = settings
     install_error_handlers(app, retry_after=settings.retry_after)
     for router in (
         documents_router,
