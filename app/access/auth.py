@@ -48,7 +48,6 @@ def require(
         principal = await access.authenticate(session, secret=secret.strip())
         if not principal.scopes & allowed:
             raise Forbidden(f"this operation needs one of the scopes: {', '.join(sorted(allowed))}")
-        await scope_to_tenant(session, principal.tenant)
         if acting is not None and acting != principal.tenant:
             principal = await _act_as(request, session, principal, acting, reads=reads)
         request.state.principal = principal

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -100,18 +100,22 @@ def _key_id_of(secret: str) -> str | None:
     return f"key_{parts[2]}"
 
 
+# The key's row, and the transaction scoped to its tenant in the same round trip. Should the
+# secret not match, the request fails and its transaction is rolled back with the setting.
+_AUTHENTICATE = text(
+    "SELECT tenant, secret_sha256, scopes, revoked_at,"
+    " set_config('app.tenant', tenant, true) AS scoped"
+    " FROM api_keys WHERE key_id = :key_id"
+)
+
+
 async def authenticate(session: AsyncSession, *, secret: str) -> Principal:
-    """The principal `secret` opens, or `Unauthorized` that never says why."""
+    """The principal `secret` opens, with the transaction scoped to its tenant; or
+    `Unauthorized`, which never says why."""
     key_id = _key_id_of(secret)
     row = None
     if key_id is not None:
-        row = (
-            await session.execute(
-                select(ApiKey.tenant, ApiKey.secret_sha256, ApiKey.scopes, ApiKey.revoked_at).where(
-                    ApiKey.key_id == key_id
-                )
-            )
-        ).one_or_none()
+        row = (await session.execute(_AUTHENTICATE, {"key_id": key_id})).one_or_none()
     expected = row.secret_sha256 if row is not None else _UNKNOWN_KEY_DIGEST
     opens = hmac.compare_digest(_digest(secret), expected)
     if row is None or not opens or row.revoked_at is not None or key_id is None:
