@@ -611,7 +611,7 @@ async def test_document_with_the_longest_id_is_registered_and_citable(
 async def test_ids_too_long_in_bytes_are_validation_errors_not_500(
     client: httpx.AsyncClient, keys: Keys
 ) -> None:
-    astral = "𝔘" * 100  # 100 code points, 400 bytes of UTF-8
+    astral = "\U0001d518" * 100  # 100 code points, 400 bytes of UTF-8
     by_path = await client.post(
         f"/v1/documents/{astral}/versions",
         json={
