@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                     report, outcome = f"no result within {args.timeout:.0f} s", "FAILED"
                     failed.append(name)
                 lines = report.strip().splitlines()
-                cases = [line.strip() for line in lines if line.strip().endswith("generated")]
+                cases = [line.strip() for line in lines if " generated" in line]
                 summary = "; ".join([*cases[-1:], *lines[-1:]])
                 print(
                     f"--- key with {name}: {outcome} in {time.monotonic() - began:.0f} s: {summary}"
