@@ -7,9 +7,11 @@ server running behind it.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -17,10 +19,16 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 from app.config import Settings
-from app.db import create_engine, migrate, request_url
+from app.db import async_url, create_engine, create_sessionmaker, migrate, request_url
 from app.embedded import embedded_database
 from app.main import create_app
 from tests.factories import Keys, make_keys
@@ -122,3 +130,41 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 async def keys(sessionmaker: async_sessionmaker[AsyncSession]) -> Keys:
     """Tenant `acme` with a key of every scope, and tenant `globex` likewise."""
     return await make_keys(sessionmaker)
+
+
+@dataclass
+class Committed:
+    """An app over a database of its own, committing as in production, and the owner's engine."""
+
+    client: httpx.AsyncClient
+    keys: Keys
+    owner: AsyncEngine
+    sessionmaker: async_sessionmaker[AsyncSession]
+
+
+@pytest.fixture
+async def committed(server_url: str) -> AsyncIterator[Committed]:
+    """A scratch database, migrated, served with no enclosing transaction, for the tests that
+    need real commits (audit seals, vacuums, tampering as the owner); dropped afterwards."""
+    name = f"grounding_committed_{secrets.token_hex(4)}"
+    await admin_execute(server_url, f'CREATE DATABASE "{name}"')
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    settings = Settings(database_url=url)
+    engine = create_engine(settings, request_url(settings, url))
+    owner = create_async_engine(async_url(url))
+    try:
+        await asyncio.to_thread(migrate, url)
+        app = create_app(settings)
+        app.state.sessionmaker = create_sessionmaker(engine)
+        keys = await make_keys(app.state.sessionmaker)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://grounding.test"
+        ) as client:
+            yield Committed(
+                client=client, keys=keys, owner=owner, sessionmaker=app.state.sessionmaker
+            )
+    finally:
+        await engine.dispose()
+        await owner.dispose()
+        await admin_execute(server_url, f'DROP DATABASE "{name}" WITH (FORCE)')

@@ -4,69 +4,20 @@ database of their own, dropped afterwards."""
 
 from __future__ import annotations
 
-import asyncio
-import secrets
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
-    AsyncEngine,
-    AsyncSession,
-    async_sessionmaker,
-    create_async_engine,
 )
 
-from app.config import Settings
 from app.db import (
-    async_url,
-    create_engine,
-    create_sessionmaker,
-    migrate,
-    request_url,
     scope_to_tenant,
 )
-from app.main import create_app
-from tests.conftest import admin_execute
-from tests.factories import Keys, make_keys, policy_chunks, record_run, register_version
-
-
-@dataclass
-class Committed:
-    client: httpx.AsyncClient
-    keys: Keys
-    owner: AsyncEngine
-    sessionmaker: async_sessionmaker[AsyncSession]
-
-
-@pytest.fixture
-async def committed(server_url: str) -> AsyncIterator[Committed]:
-    name = f"grounding_audit_{secrets.token_hex(4)}"
-    await admin_execute(server_url, f'CREATE DATABASE "{name}"')
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    settings = Settings(database_url=url)
-    engine = create_engine(settings, request_url(settings, url))
-    owner = create_async_engine(async_url(url))
-    try:
-        await asyncio.to_thread(migrate, url)
-        app = create_app(settings)
-        app.state.sessionmaker = create_sessionmaker(engine)
-        keys = await make_keys(app.state.sessionmaker)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://audit.test") as client:
-            yield Committed(
-                client=client, keys=keys, owner=owner, sessionmaker=app.state.sessionmaker
-            )
-    finally:
-        await engine.dispose()
-        await owner.dispose()
-        await admin_execute(server_url, f'DROP DATABASE "{name}" WITH (FORCE)')
+from tests.conftest import Committed
+from tests.factories import policy_chunks, record_run, register_version
 
 
 async def _history(c: Committed) -> dict[str, Any]:

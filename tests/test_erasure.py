@@ -6,26 +6,20 @@ schema, discovered from the catalog, so a table added later is covered without b
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
-import secrets
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncEngine,
-    AsyncSession,
-    async_sessionmaker,
     create_async_engine,
 )
 from sqlalchemy.pool import NullPool
@@ -33,16 +27,14 @@ from sqlalchemy.types import LargeBinary, Text
 
 from app.access.service import Principal
 from app.config import Settings
-from app.db import async_url, create_engine, create_sessionmaker, migrate
+from app.db import async_url
 from app.documents import service as documents
 from app.documents.schemas import ErasureCreate
-from app.main import create_app
-from tests.conftest import admin_execute
+from tests.conftest import Committed
 from tests.factories import (
     POLICY_TEXT,
     Keys,
     erase_document,
-    make_keys,
     policy_chunks,
     record_run,
     register_version,
@@ -750,50 +742,6 @@ async def test_vacuum_after_erasure_never_raises_and_logs_only_table_names(
     assert "no_such_table" in messages[1]
     assert "grounding_no_such_database" not in " ".join(messages)
     assert all(r.levelno == logging.WARNING for r in caplog.records)
-
-
-@dataclass
-class Committed:
-    """An app whose requests commit for real, on a database of its own."""
-
-    client: httpx.AsyncClient
-    keys: Keys
-    owner: AsyncEngine
-    sessionmaker: async_sessionmaker[AsyncSession]
-
-
-@pytest.fixture
-async def committed(
-    server_url: str, settings: Settings, engine: AsyncEngine
-) -> AsyncIterator[Committed]:
-    """A scratch database, migrated, served by an app as in production (no enclosing
-    transaction), so that the erasure commits and the vacuum after it runs; dropped afterwards."""
-    name = f"grounding_vacuum_{secrets.token_hex(4)}"
-    await admin_execute(server_url, f'CREATE DATABASE "{name}"')
-    owner_url = make_url(str(settings.database_url)).set(database=name)
-    try:
-        await asyncio.to_thread(migrate, owner_url.render_as_string(hide_password=False))
-        own = settings.model_copy(
-            update={"database_url": owner_url.render_as_string(hide_password=False)}
-        )
-        # Requests connect as the test suite's requests do, only to this database.
-        requests_url = engine.url.set(database=name).render_as_string(hide_password=False)
-        requests = create_engine(own, requests_url)
-        owner = create_async_engine(async_url(str(own.database_url)), poolclass=NullPool)
-        app: FastAPI = create_app(own)
-        app.state.sessionmaker = create_sessionmaker(requests)
-        transport = httpx.ASGITransport(app=app)
-        try:
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://grounding.test"
-            ) as client:
-                keys = await make_keys(app.state.sessionmaker)
-                yield Committed(client, keys, owner, app.state.sessionmaker)
-        finally:
-            await requests.dispose()
-            await owner.dispose()
-    finally:
-        await admin_execute(server_url, f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 # Every relation whose rows can hold a copy: the public tables, their TOAST tables, and the
