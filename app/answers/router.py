@@ -8,7 +8,7 @@ from app.access.auth import AgentKey, ReaderKey
 from app.answers import service as answers
 from app.answers.schemas import ClaimRead, VerificationPassed, VerificationRead
 from app.db import SessionDep
-from app.grounding.models import CitedAnswer
+from app.grounding.models import CitedAnswer, prose
 from app.limits import limit_items
 
 router = APIRouter(tags=["answers"])
@@ -62,12 +62,19 @@ async def get_verification(
         )
         for claim in v.claims
     ]
-    return VerificationRead.model_validate(
-        {
-            **{
-                name: getattr(v, name) for name in VerificationRead.model_fields if hasattr(v, name)
-            },
-            "text": " ".join(claim.text for claim in claims),
-            "claims": claims,
-        }
+    return VerificationRead(
+        verification_id=v.verification_id,
+        run_id=v.run_id,
+        tenant=v.tenant,
+        key_id=v.key_id,
+        outcome=v.outcome,
+        code=v.code,
+        violations=v.violations,
+        text=prose(claim.text for claim in claims),
+        claims=claims,
+        provenance=v.provenance,
+        claim_count=v.claim_count,
+        citation_count=v.citation_count,
+        answer_sha256=v.answer_sha256,
+        created_at=v.created_at,
     )

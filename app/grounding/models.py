@@ -9,6 +9,7 @@ Invariants kept here:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -34,6 +35,11 @@ Branches = Annotated[dict[Annotated[str, Field(max_length=256)], float], Field(m
 # Ids one claim rests on. A claim's list of the wrong values is reported at its first bad item,
 # so that claims times ids cannot multiply into millions of errors.
 ClaimCitationIds = Annotated[tuple[Identifier, ...], Field(max_length=1000, fail_fast=True)]
+
+
+def prose(texts: Iterable[str]) -> str:
+    """Claims' texts as one answer reads them, in order."""
+    return " ".join(texts)
 
 
 class Frozen(BaseModel):
@@ -134,7 +140,7 @@ class CitedAnswer(Frozen):
     @property
     def text(self) -> str:
         """The claims as prose, in order."""
-        return " ".join(claim.text for claim in self.claims)
+        return prose(claim.text for claim in self.claims)
 
     def sources(self, claim: Claim) -> list[AnswerCitation]:
         """The answer's citations that `claim` names, in the order it names them."""
