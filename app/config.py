@@ -65,6 +65,13 @@ class Settings(BaseSettings):
     max_resolve_ids: int = Field(
         default=1_000, ge=1, description="Ids per `POST /v1/citations/resolve`"
     )
+    idempotency_ttl: int = Field(
+        default=24 * 60 * 60,
+        ge=1,
+        description=(
+            "Seconds an `Idempotency-Key` keeps its first response; after that the key is new"
+        ),
+    )
     max_json_depth: int = Field(
         default=32, ge=4, description="Deepest nesting of arrays and objects in a request body"
     )

@@ -6,6 +6,7 @@
     ├── Forbidden               403 forbidden: the key lacks the scope
     ├── VersionConflict         409 version_conflict
     ├── InvalidRequest          422 validation_error
+    ├── IdempotencyMismatch     422 idempotency_mismatch: a used key, with another request
     ├── PayloadTooLarge         413 payload_too_large
     ├── IntegrityFailure        500 integrity_error: stored text no longer matches its hash
     └── ServiceUnavailable      503 service_unavailable, with Retry-After
@@ -19,7 +20,7 @@ input or from the database.
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -113,6 +114,12 @@ class InvalidRequest(AppError):
     status, code, title = 422, "validation_error", "Validation error"
 
 
+class IdempotencyMismatch(AppError):
+    """The `Idempotency-Key` was first used with another method, path or body."""
+
+    status, code, title = 422, "idempotency_mismatch", "Idempotency key mismatch"
+
+
 class PayloadTooLarge(AppError):
     """The body, or a list or text in it, is over its configured limit."""
 
@@ -156,7 +163,7 @@ def enforce_limit(what: str, count: int, limit: int) -> None:
         raise PayloadTooLarge(f"{what}: {count} is over the limit of {limit}", limit=limit)
 
 
-def keeps_work(exc: BaseException) -> bool:
+def keeps_work(exc: BaseException) -> TypeGuard[GroundingError]:
     """A rejection that was recorded for audit commits its record before it is answered."""
     return isinstance(exc, GroundingError) and exc.verification_id is not None
 

@@ -323,3 +323,20 @@ class AdminRead(Base):
     route: Mapped[str] = mapped_column(Text)
     filters: Mapped[dict[str, Any]] = mapped_column(JSONB)
     read_at: Mapped[datetime] = mapped_column(Timestamp)
+
+
+class IdempotencyKey(Base):
+    """A write's first response under its `Idempotency-Key`, replayed to a retry of it."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (Index(None, "tenant", "created_at"),)
+
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    # sha256 of the method, the path and the body as canonical JSON.
+    fingerprint: Mapped[str] = mapped_column(Text)
+    # Null only while the claiming transaction has not kept its response (never committed so).
+    status: Mapped[int | None] = mapped_column(Integer)
+    content_type: Mapped[str | None] = mapped_column(Text)
+    body: Mapped[bytes | None] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(Timestamp)

@@ -47,7 +47,8 @@ async def _two_tenants_of_data(client: httpx.AsyncClient, keys: Keys) -> None:
         memory = await client.post(
             "/v1/memory",
             json={"text": "Refunds take a month.", "citation_ids": citation_ids[:1]},
-            headers=keys.headers("agent", tenant=tenant),
+            # The same key in both tenants: two keys, one in each.
+            headers=keys.headers("agent", tenant=tenant) | {"Idempotency-Key": "memory-1"},
         )
         assert memory.status_code == 201, memory.text
         erased = await client.post(

@@ -9,9 +9,10 @@ from app.answers import service as answers
 from app.answers.schemas import ClaimRead, VerificationPassed, VerificationRead
 from app.db import SessionDep
 from app.grounding.models import CitedAnswer, prose
+from app.idempotency import Idempotent, IdempotentRoute
 from app.limits import limit_items
 
-router = APIRouter(tags=["answers"])
+router = APIRouter(tags=["answers"], route_class=IdempotentRoute)
 
 
 @router.post(
@@ -29,6 +30,7 @@ async def verify_answer(
     request: Request,
     session: SessionDep,
     principal: AgentKey,
+    idempotency: Idempotent,
 ) -> VerificationPassed:
     verification = await answers.verify_answer(
         session, principal=principal, run_id=run_id, answer=body

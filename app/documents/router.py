@@ -19,9 +19,10 @@ from app.documents.schemas import (
 )
 from app.errors import problem_response
 from app.grounding.models import Identifier
+from app.idempotency import Idempotent, IdempotentRoute
 from app.limits import limit_items
 
-router = APIRouter(prefix="/v1/documents", tags=["documents"])
+router = APIRouter(prefix="/v1/documents", tags=["documents"], route_class=IdempotentRoute)
 
 # As long as a retrieval result's `document_id` may be, so every registered document is citable.
 DocumentId = Annotated[Identifier, Path()]
@@ -44,6 +45,7 @@ async def register_version(
     response: Response,
     session: SessionDep,
     principal: IngestKey,
+    idempotency: Idempotent,
     settings: SettingsDep,
 ) -> VersionRead:
     registration = await documents.register_version(
@@ -74,6 +76,7 @@ async def erase_document(
     background: BackgroundTasks,
     session: SessionDep,
     principal: IngestKey,
+    idempotency: Idempotent,
     settings: SettingsDep,
 ) -> ErasureRead:
     result = await documents.erase(session, principal=principal, document_id=document_id, body=body)

@@ -8,11 +8,12 @@ from app.access.auth import AgentKey, ReaderKey
 from app.citations.schemas import resolve_entry
 from app.db import SessionDep
 from app.errors import INTEGRITY_RESPONSES
+from app.idempotency import Idempotent, IdempotentRoute
 from app.limits import limit_items
 from app.memory import service as memory
 from app.memory.schemas import MemoryCreate, MemoryRead, MemoryWithCitations
 
-router = APIRouter(prefix="/v1/memory", tags=["memory"])
+router = APIRouter(prefix="/v1/memory", tags=["memory"], route_class=IdempotentRoute)
 
 
 @router.post(
@@ -23,7 +24,9 @@ router = APIRouter(prefix="/v1/memory", tags=["memory"])
         limit_items("citation_ids", what="citation ids", limit=lambda s: s.max_resolve_ids)
     ],
 )
-async def remember(body: MemoryCreate, session: SessionDep, principal: AgentKey) -> MemoryRead:
+async def remember(
+    body: MemoryCreate, session: SessionDep, principal: AgentKey, idempotency: Idempotent
+) -> MemoryRead:
     record = await memory.remember(
         session,
         principal=principal,

@@ -6,12 +6,13 @@ from fastapi import APIRouter, Request, status
 
 from app.access.auth import AgentKey, ReaderKey
 from app.db import SessionDep
+from app.idempotency import Idempotent, IdempotentRoute
 from app.limits import limit_items
 from app.runs import service as runs
 from app.runs.schemas import RunCreate, RunRead
 from app.runs.service import RecordedRun
 
-router = APIRouter(prefix="/v1/runs", tags=["runs"])
+router = APIRouter(prefix="/v1/runs", tags=["runs"], route_class=IdempotentRoute)
 
 
 def _read(recorded: RecordedRun) -> RunRead:
@@ -38,6 +39,7 @@ async def record_run(
     request: Request,
     session: SessionDep,
     principal: AgentKey,
+    idempotency: Idempotent,
 ) -> RunRead:
     recorded = await runs.record_run(
         session, principal=principal, query=body.query, scope=body.scope, results=body.results
