@@ -123,9 +123,11 @@ class Attempts:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, str]] = []
+        self.keys: list[str | None] = []
 
     async def __call__(self, request: httpx.Request) -> None:
         self.sent.append((request.method, request.url.path))
+        self.keys.append(request.headers.get("idempotency-key"))
 
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(event_hooks={"request": [self]})
@@ -607,17 +609,59 @@ def hanging_up() -> Iterator[tuple[str, list[int]]]:
         sock.close()
 
 
-async def test_a_lost_answer_is_retried_for_a_read_but_never_for_a_write() -> None:
+async def test_a_lost_answer_is_retried_and_a_write_keeps_its_key_on_every_attempt() -> None:
+    attempts = Attempts()
     with hanging_up() as (url, received):
-        async with GroundingClient(url, "gsk_any", retries=2, max_retry_wait=0.01) as client:
-            with pytest.raises(grounding.ConnectionFailed):
-                await client.cite(results_for(policy_chunks()))
-            writes = len(received)
+        async with attempts.client() as http:
+            client = GroundingClient(
+                url, "gsk_any", retries=2, max_retry_wait=0.01, http_client=http
+            )
+            for _ in range(2):
+                with pytest.raises(grounding.ConnectionFailed):
+                    await client.cite(results_for(policy_chunks()))
             with pytest.raises(grounding.ConnectionFailed):
                 await client.resolve(["cit_x"])
-            reads = len(received) - writes
 
-    assert (writes, reads) == (1, 3)
+    assert len(received) == 9
+    first, second, resolve = attempts.keys[:3], attempts.keys[3:6], attempts.keys[6:]
+    assert len(set(first)) == len(set(second)) == 1, "one key for every attempt of a call"
+    assert first[0] is not None
+    assert first[0] != second[0], "a key per call"
+    assert resolve == [None] * 3, "a read needs no key"
+
+
+class LosingFirstAnswer(httpx.AsyncBaseTransport):
+    """Sends every request; the first answer, once the service has sent it, is lost."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.lost: list[dict[str, Any]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if self.lost:
+            return response
+        self.lost.append(httpx.Response(200, content=await response.aread()).json())
+        raise httpx.ReadError("connection reset", request=request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_write_whose_answer_was_lost_is_retried_and_recorded_once(
+    live_url: str, live_keys: Keys, ingest: GroundingClient
+) -> None:
+    document_id = await registered(ingest)
+    losing = LosingFirstAnswer()
+    async with httpx.AsyncClient(transport=losing) as http:
+        agent = GroundingClient(
+            live_url, secret(live_keys, "agent"), max_retry_wait=0.01, http_client=http
+        )
+        retrieved = await agent.cite(results_for(policy_chunks(), document_id=document_id))
+
+    [committed] = losing.lost
+    assert retrieved.run_id == committed["run_id"]
+    assert [c.citation_id for c in retrieved] == [c["citation_id"] for c in committed["citations"]]
 
 
 def test_every_grounding_code_has_a_client_class_that_is_the_cores() -> None:
@@ -632,6 +676,7 @@ def test_every_grounding_code_has_a_client_class_that_is_the_cores() -> None:
     [
         (404, {"code": "not_found"}, grounding.NotFound),
         (422, {"code": "validation_error"}, grounding.ValidationFailed),
+        (422, {"code": "idempotency_mismatch"}, grounding.IdempotencyMismatch),
         (413, {"code": "payload_too_large"}, grounding.PayloadTooLarge),
         (500, {"code": "integrity_error"}, grounding.InternalError),
         (502, {}, grounding.InternalError),

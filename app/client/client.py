@@ -4,7 +4,7 @@ Invariants kept here:
 - requests and answers are the service's own models (`app.grounding.models` and the schemas
   modules), never copies; answers are read ignoring fields this version does not know;
 - a problem answer is raised as its code's class (see `app.client.errors`), never returned;
-- only what cannot write twice is repeated (see `app.client.retries`);
+- every write carries an `Idempotency-Key`, so a retry never writes twice (`app.client.retries`);
 - nothing is logged: a request or its answer may hold document text.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -24,7 +25,7 @@ from pydantic import BaseModel, TypeAdapter
 from app.answers.schemas import VerificationPassed, VerificationRead
 from app.citations.schemas import ResolvedExcerpt, ResolvedTombstone, ResolveRead, Unresolved
 from app.client.errors import ConnectionFailed, ServiceError, error_for
-from app.client.retries import RetryPolicy, is_read, never_sent, retry_after, should_retry
+from app.client.retries import RetryPolicy, is_read, retry_after, should_retry
 from app.documents.schemas import ChunkCreate, DocumentRead, ErasureRead, VersionRead
 from app.grounding.cite import RetrievalResult
 from app.grounding.models import AnswerCitation, Citation, CitedAnswer, Excerpt, Tombstone
@@ -35,6 +36,7 @@ Model = TypeVar("Model", bound=BaseModel)
 Resolved = ResolvedExcerpt | ResolvedTombstone | Unresolved
 # A citation as issued, as an answer carries it, or its id.
 CitationRef = Citation | AnswerCitation | str
+IDEMPOTENCY_KEY = "Idempotency-Key"
 _EXCERPT_OR_TOMBSTONE: TypeAdapter[Excerpt | Tombstone] = TypeAdapter(Excerpt | Tombstone)
 
 
@@ -244,6 +246,10 @@ class GroundingClient:
         policy = self.retry_policy
         started = time.monotonic()
         attempt = 0
+        headers = self._headers
+        if not is_read(method, path):
+            # One key for every attempt of this call: a repeat is answered as the first was.
+            headers = headers | {IDEMPOTENCY_KEY: uuid.uuid4().hex}
         while True:
             cause: httpx.TransportError | None = None
             try:
@@ -251,7 +257,7 @@ class GroundingClient:
                     method,
                     self._base_url + path,
                     json=body,
-                    headers=self._headers,
+                    headers=headers,
                     timeout=self._timeout,
                 )
             except httpx.TransportError as exc:
@@ -259,13 +265,13 @@ class GroundingClient:
                 error: ServiceError = ConnectionFailed(
                     f"the service did not answer ({type(exc).__name__})"
                 )
-                repeatable = is_read(method, path) or never_sent(exc)
+                repeatable = True
                 asked = None
             else:
                 if response.is_success:
                     return response.json()
                 error = _problem(response)
-                repeatable = should_retry(method, path, response)
+                repeatable = should_retry(response)
                 asked = retry_after(response)
             wait = policy.wait(attempt, asked)
             if not repeatable or not policy.allows(attempt, time.monotonic() - started, wait):

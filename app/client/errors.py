@@ -8,6 +8,7 @@
     ├── QuoteMismatchError          422 quote_mismatch         │ catches them over HTTP as it
     ├── UncitedClaimError           422 uncited_claim          ┘ does in process
     ├── ValidationFailed            422 validation_error: the request broke its schema (`errors`)
+    ├── IdempotencyMismatch         422 idempotency_mismatch: the key was used by another request
     ├── Unauthorized                401 unauthorized: no key, or one that does not open
     ├── Forbidden                   403 forbidden: the key lacks the scope
     ├── NotFound                    404 not_found: missing, or another tenant's
@@ -101,6 +102,12 @@ class ValidationFailed(ServiceError):
     code, default_status = "validation_error", 422
 
 
+class IdempotencyMismatch(ServiceError):
+    """The request's `Idempotency-Key` was first used with another request."""
+
+    code, default_status = "idempotency_mismatch", 422
+
+
 class Unauthorized(ServiceError):
     """No API key, or one that does not open."""
 
@@ -160,6 +167,7 @@ GROUNDING_ERRORS: tuple[type[ServiceError], ...] = (
 
 _SERVICE_ERRORS: tuple[type[ServiceError], ...] = (
     ValidationFailed,
+    IdempotencyMismatch,
     Unauthorized,
     Forbidden,
     NotFound,

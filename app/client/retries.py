@@ -1,16 +1,15 @@
 """When the client tries a request again, and how long it waits first.
 
-Only what cannot write twice is repeated:
-- a read (GET, and `POST /v1/citations/resolve`, which reads) after a transport error or a 503;
-- any request whose connection never opened (`ConnectError`, `ConnectTimeout`, `PoolTimeout`),
-  since nothing reached the service;
-- any request answered 503 with `Retry-After`: the service says so when it could not reach its
-  database, so the request's transaction never committed.
+Every request the client sends can be repeated without writing twice: a read (GET, and
+`POST /v1/citations/resolve`, which reads) by its nature, and a write because it carries an
+`Idempotency-Key`, the same on each attempt, so the service answers a repeat of a write that
+committed with its first response. So a request is tried again after:
+- a transport error: its connection never opened, or its answer was lost on the way;
+- a 503: the service could not reach its database, or was shutting down.
 
-Everything else (a write whose answer was lost, a 503 with no `Retry-After`, any other status)
-is raised at once. Retries stop after `retries` more attempts, or when the next wait would end
-past `budget` seconds from the first attempt. A wait is the `Retry-After` the service asked
-for, else an exponential backoff, and never longer than `max_wait`.
+Any other status is raised at once. Retries stop after `retries` more attempts, or when the next
+wait would end past `budget` seconds from the first attempt. A wait is the `Retry-After` the
+service asked for, else an exponential backoff, and never longer than `max_wait`.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import httpx
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _READ_POSTS = frozenset({"/v1/citations/resolve"})
-_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +44,8 @@ class RetryPolicy:
 
 
 def is_read(method: str, path: str) -> bool:
-    """Whether the request only reads, so repeating it cannot write twice."""
+    """Whether the request only reads, so it needs no `Idempotency-Key` to be repeated."""
     return method.upper() in _READ_METHODS or (method.upper() == "POST" and path in _READ_POSTS)
-
-
-def never_sent(error: httpx.TransportError) -> bool:
-    """Whether the request failed before its connection opened, so nothing reached the service."""
-    return isinstance(error, _NEVER_SENT)
 
 
 def retry_after(response: httpx.Response) -> float | None:
@@ -73,8 +66,6 @@ def retry_after(response: httpx.Response) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
-def should_retry(method: str, path: str, response: httpx.Response) -> bool:
-    """Whether an answered request may be repeated: a 503 on a read, or with `Retry-After`."""
-    if response.status_code != 503:
-        return False
-    return is_read(method, path) or retry_after(response) is not None
+def should_retry(response: httpx.Response) -> bool:
+    """Whether an answered request may be repeated: a 503."""
+    return response.status_code == 503
