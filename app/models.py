@@ -340,3 +340,21 @@ class IdempotencyKey(Base):
     content_type: Mapped[str | None] = mapped_column(Text)
     body: Mapped[bytes | None] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(Timestamp)
+
+
+class IdempotencyDocument(Base):
+    """A document a kept response names (in its request or itself): erasing it forgets them."""
+
+    __tablename__ = "idempotency_documents"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["tenant", "key"],
+            ["idempotency_keys.tenant", "idempotency_keys.key"],
+            ondelete="CASCADE",
+        ),
+        Index(None, "tenant", "key"),
+    )
+
+    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
+    document_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)

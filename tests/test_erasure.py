@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -520,6 +521,11 @@ def _kinds(found: dict[str, set[str]], where: str) -> set[str]:
     return {label.split(": ")[1].split(" ")[0] for label in found.get(where, set())}
 
 
+async def _with_idempotency_key(request: httpx.Request) -> None:
+    if request.method == "POST":
+        request.headers["Idempotency-Key"] = secrets.token_hex(16)
+
+
 SUBJECT_V1 = (
     "Ledger of Quillfeather Nordvik-Ashworth: account QX-4417-ZB routes each reimbursement "
     "through the Ostrava annex 🧭 before noon. 帳簿番号は七四一七です。 "
@@ -532,6 +538,8 @@ KEEPER = "Unrelated handbook page: parking permits renew every Zwölfmonat at th
 async def test_erasure_leaves_no_copy_of_the_text_or_a_plain_hash_in_any_column(
     client: httpx.AsyncClient, keys: Keys, connection: AsyncConnection
 ) -> None:
+    # Every write under an Idempotency-Key: the responses kept for retries are scanned too.
+    client.event_hooks["request"].append(_with_idempotency_key)
     subject_chunks = {"v1": _sentence_chunks(SUBJECT_V1), "v2": _sentence_chunks(SUBJECT_V2)}
     for version, value in (("v1", SUBJECT_V1), ("v2", SUBJECT_V2)):
         await register_version(
@@ -667,6 +675,8 @@ async def test_erasure_leaves_no_copy_of_the_text_or_a_plain_hash_in_any_column(
     assert "characters" in _kinds(before, "document_versions.text")
     assert "sha256" in _kinds(before, "document_versions.sha256")
     assert "sha256" in _kinds(before, "citations.span_sha256")
+    # A kept run holds its citations' plain hashes; a kept verification, the claims' quotes.
+    assert {"characters", "sha256"} <= _kinds(before, "idempotency_keys.body")
     responses_before = await read_everything()
     assert first_text[:12].lower() in responses_before
 

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.idempotency import fingerprint
+from app.idempotency.service import fingerprint
 from tests.conftest import Committed
 from tests.factories import (
     POLICY_TEXT,
@@ -212,6 +212,44 @@ async def test_a_failure_that_wrote_nothing_keeps_nothing(
     assert (await rows(connection))["runs"] == 1
 
 
+async def test_an_erasure_forgets_the_kept_responses_that_name_its_document(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    await register_version(client, keys)
+    await register_version(client, keys, document_id="keeper")
+    kept = {
+        "acme": run_body(),
+        "keeper": {"results": results_for(policy_chunks(), document_id="keeper")},
+    }
+    for name, body in kept.items():
+        assert (await post(client, keys, "/v1/runs", body, key=name)).status_code == 201
+    erased = await post(
+        client,
+        keys,
+        "/v1/documents/refund-policy/erase",
+        {"reason": "request", "request_ref": "DSR-9"},
+        key="erasure",
+        scope="ingest",
+    )
+    assert erased.status_code == 200
+
+    retried = await post(client, keys, "/v1/runs", kept["acme"], key="acme")
+    assert REPLAYED not in retried.headers
+    assert retried.status_code == 422  # done again: the version it cites is erased now
+    assert retried.json()["errors"][0]["problem"] == "erased_version"
+    unrelated = await post(client, keys, "/v1/runs", kept["keeper"], key="keeper")
+    assert (unrelated.status_code, unrelated.headers.get(REPLAYED)) == (201, "true")
+    again = await post(
+        client,
+        keys,
+        "/v1/documents/refund-policy/erase",
+        {"reason": "request", "request_ref": "DSR-9"},
+        key="erasure",
+        scope="ingest",
+    )
+    assert (again.content, again.headers.get(REPLAYED)) == (erased.content, "true")
+
+
 async def expire_keys(connection: AsyncConnection, tenant: str = "acme") -> None:
     await connection.execute(text("SELECT set_config('app.tenant', :t, true)"), {"t": tenant})
     await connection.execute(
@@ -246,6 +284,16 @@ async def test_a_malformed_key_is_a_validation_error(
     problem = response.json()
     assert problem["code"] == "validation_error"
     assert problem["errors"][0]["loc"] == ["header", "Idempotency-Key"]
+
+
+async def test_a_key_beside_an_invalid_header_is_a_validation_error(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    await register_version(client, keys)
+    headers = keys.headers("agent") | {"Idempotency-Key": "k", "X-Grounding-Tenant": "x" * 129}
+    response = await client.post("/v1/runs", json=run_body(), headers=headers)
+    assert response.status_code == 422
+    assert response.json()["code"] == "validation_error"
 
 
 def test_the_fingerprint_binds_method_path_and_body_not_key_order() -> None:

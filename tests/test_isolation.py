@@ -47,14 +47,14 @@ async def _two_tenants_of_data(client: httpx.AsyncClient, keys: Keys) -> None:
         memory = await client.post(
             "/v1/memory",
             json={"text": "Refunds take a month.", "citation_ids": citation_ids[:1]},
-            # The same key in both tenants: two keys, one in each.
-            headers=keys.headers("agent", tenant=tenant) | {"Idempotency-Key": "memory-1"},
+            headers=keys.headers("agent", tenant=tenant),
         )
         assert memory.status_code == 201, memory.text
         erased = await client.post(
             "/v1/documents/refund-policy/erase",
             json={"reason": "test", "request_ref": f"DSR-{tenant}"},
-            headers=keys.headers("ingest", tenant=tenant),
+            # The same key in both tenants: two keys, one in each, kept with the document named.
+            headers=keys.headers("ingest", tenant=tenant) | {"Idempotency-Key": "erasure-1"},
         )
         assert erased.status_code == 200, erased.text
         await register_version(client, keys, tenant=tenant, version="2026-12-01")

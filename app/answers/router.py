@@ -9,7 +9,7 @@ from app.answers import service as answers
 from app.answers.schemas import ClaimRead, VerificationPassed, VerificationRead
 from app.db import SessionDep
 from app.grounding.models import CitedAnswer, prose
-from app.idempotency import Idempotent, IdempotentRoute
+from app.idempotency.route import Idempotent, IdempotentRoute
 from app.limits import limit_items
 
 router = APIRouter(tags=["answers"], route_class=IdempotentRoute)

@@ -19,7 +19,7 @@ from app.documents.schemas import (
 )
 from app.errors import problem_response
 from app.grounding.models import Identifier
-from app.idempotency import Idempotent, IdempotentRoute
+from app.idempotency.route import Idempotent, IdempotentRoute
 from app.limits import limit_items
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"], route_class=IdempotentRoute)

@@ -34,6 +34,7 @@ from app.db import async_url
 from app.documents.schemas import ChunkCreate, ErasureCreate, VersionCreate
 from app.errors import InvalidRequest, NotFound, VersionConflict, enforce_limit
 from app.grounding.cite import ChunkBounds, chunk_problems, pin_chunks
+from app.idempotency import service as idempotency
 from app.ids import new_id
 from app.models import Chunk, CitationRow, DocumentVersion, Erasure, VersionKey
 
@@ -47,6 +48,7 @@ VACUUMED_AFTER_ERASURE: Final = (
     "chunks",
     "citations",
     "version_keys",
+    "idempotency_keys",
     "pg_catalog.pg_statistic",
 )
 
@@ -256,6 +258,7 @@ async def erase(
     session.add(erasure)
     await session.flush()
     await _remove_text(session, tenant, document_id, pending, erasure)
+    await idempotency.forget_document(session, tenant=tenant, document_id=document_id)
     await audit.record(
         session,
         tenant=tenant,

@@ -8,7 +8,7 @@ from app.access.auth import AgentKey, ReaderKey
 from app.citations.schemas import resolve_entry
 from app.db import SessionDep
 from app.errors import INTEGRITY_RESPONSES
-from app.idempotency import Idempotent, IdempotentRoute
+from app.idempotency.route import Idempotent, IdempotentRoute
 from app.limits import limit_items
 from app.memory import service as memory
 from app.memory.schemas import MemoryCreate, MemoryRead, MemoryWithCitations

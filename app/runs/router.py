@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, status
 
 from app.access.auth import AgentKey, ReaderKey
 from app.db import SessionDep
-from app.idempotency import Idempotent, IdempotentRoute
+from app.idempotency.route import Idempotent, IdempotentRoute
 from app.limits import limit_items
 from app.runs import service as runs
 from app.runs.schemas import RunCreate, RunRead

@@ -42,9 +42,37 @@ def upgrade() -> None:
     # Requests claim a key, keep its response, reclaim it once expired and purge expired ones.
     grant("idempotency_keys", ["SELECT", "INSERT", "UPDATE", "DELETE"])
     isolate("idempotency_keys")
+    # Each document a kept response names, so that an erasure of one finds the responses.
+    op.create_table(
+        "idempotency_documents",
+        sa.Column("tenant", sa.Text(), nullable=False),
+        sa.Column("document_id", sa.Text(), nullable=False),
+        sa.Column("key", sa.Text(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["tenant", "key"],
+            ["idempotency_keys.tenant", "idempotency_keys.key"],
+            name=op.f("fk_idempotency_documents_tenant_key_idempotency_keys"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint(
+            "tenant", "document_id", "key", name=op.f("pk_idempotency_documents")
+        ),
+    )
+    op.create_index(
+        op.f("ix_idempotency_documents_tenant_key"),
+        "idempotency_documents",
+        ["tenant", "key"],
+        unique=False,
+    )
+    grant("idempotency_documents", ["SELECT", "INSERT", "DELETE"])
+    isolate("idempotency_documents")
 
 
 def downgrade() -> None:
+    release("idempotency_documents")
+    revoke("idempotency_documents")
+    op.drop_index(op.f("ix_idempotency_documents_tenant_key"), table_name="idempotency_documents")
+    op.drop_table("idempotency_documents")
     release("idempotency_keys")
     revoke("idempotency_keys")
     op.drop_index(op.f("ix_idempotency_keys_tenant_created_at"), table_name="idempotency_keys")

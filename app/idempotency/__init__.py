@@ -1,0 +1,1 @@
+"""Idempotency keys: a retried write answered with its first response, written once."""
