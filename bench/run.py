@@ -619,6 +619,8 @@ def measure_block(
         drawn = asyncio.run(sample(url, credentials, rng))
         tag = f"s{scale}-w{workers}-{secrets.token_hex(3)}"
         measured, block.notes = operations(service_url, credentials, drawn, tag=tag)
+        if args.ops:
+            measured = [operation for operation in measured if operation.key in args.ops]
         floor_loads = floors(rng)
         for kind, load in floor_loads.items():
             preflight(floor_url, load, f"floor {kind}")
@@ -993,6 +995,12 @@ def parser() -> argparse.ArgumentParser:
         default=["verify", "runs"],
         help="operations to profile (default verify runs; also excerpt resolve audit reject"
         " register)",
+    )
+    root.add_argument(
+        "--ops",
+        nargs="+",
+        help="measure only these operations (default all: excerpt resolve audit verify reject"
+        " runs register)",
     )
     root.add_argument(
         "--artifacts", type=Path, help="keep the servers' logs and py-spy's stacks in this folder"
