@@ -127,6 +127,10 @@ def traced(
     def decorate(function: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         @functools.wraps(function)
         async def in_span(*args: P.args, **kwargs: P.kwargs) -> T:
+            if _current_tracer.get() is None:
+                # Not traced: a no-op span would still cost its context manager and context
+                # variables on every call, and `annotate` finds no span to record on.
+                return await function(*args, **kwargs)
             with grounding_span(name):
                 return await function(*args, **kwargs)
 
