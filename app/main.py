@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -82,6 +83,9 @@ def create_app(
             raise RuntimeError("DATABASE_URL is not set; start the service with `grounding serve`")
         engine = create_engine(settings, request_url(settings, settings.database_url))
         app.state.sessionmaker = create_sessionmaker(engine)
+        # What exists by now (modules, the app, its routes and schemas) lives as long as the
+        # process: frozen, no collection walks it again, where a full one took over 100 ms.
+        gc.freeze()
         try:
             yield
         finally:
