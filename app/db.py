@@ -12,13 +12,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated
 
+import asyncpg
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from asyncpg import Record
 from fastapi import Depends, Request
 from sqlalchemy import MetaData, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
@@ -29,7 +33,7 @@ from sqlalchemy.pool import NullPool
 
 import migrations
 from app.config import Settings
-from app.errors import keeps_work
+from app.errors import database_unreachable, keeps_work
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -95,7 +99,8 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
             else:
                 await session.rollback()
             raise
-        await session.commit()
+        if session.in_transaction():
+            await session.commit()
 
 
 SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
@@ -106,6 +111,46 @@ async def scope_to_tenant(session: AsyncSession, tenant: str) -> None:
     await session.execute(
         text("SELECT set_config('app.tenant', :tenant, true)"), {"tenant": tenant}
     )
+
+
+async def fetch(session: AsyncSession, statement: str, *arguments: object) -> list[Record]:
+    """The rows of `statement`, a prepared statement run by the driver itself: none of
+    SQLAlchemy's per-statement work, for the hot reads.
+
+    It runs in the session's transaction once one has begun (a statement through SQLAlchemy
+    begins it). Before that, it is a transaction of its own, on a connection of the session's
+    engine: a read that is the request's only statement costs one round trip, with no BEGIN or
+    COMMIT, and no session. Its errors are SQLAlchemy's, as every other statement's are: a lost
+    connection is invalidated and answered 503.
+    """
+    bind = session.bind
+    if isinstance(bind, AsyncEngine) and not session.in_transaction():
+        async with bind.connect() as connection:
+            return await _fetch(connection, statement, arguments)
+    return await _fetch(await session.connection(), statement, arguments)
+
+
+async def _fetch(
+    connection: AsyncConnection, statement: str, arguments: tuple[object, ...]
+) -> list[Record]:
+    driver = (await connection.get_raw_connection()).driver_connection
+    assert driver is not None
+    try:
+        rows: list[Record] = await driver.fetch(statement, *arguments)
+    except (
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        asyncpg.InternalClientError,
+        OSError,
+    ) as error:
+        failure = DBAPIError(statement, None, error, hide_parameters=True)
+        if driver.is_closed() or isinstance(error, OSError) or database_unreachable(failure):
+            await connection.invalidate(error)
+            failure = OperationalError(
+                statement, None, error, hide_parameters=True, connection_invalidated=True
+            )
+        raise failure from error
+    return rows
 
 
 def alembic_config(url: str) -> Config:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -15,8 +16,14 @@ from fastapi import FastAPI
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
+from app import db
+from app.access import service as access
+from app.citations import service as citations
+from app.citations.schemas import ResolveRead
 from app.config import Settings
+from app.grounding.models import Excerpt, Tombstone
 from app.main import create_app
+from tests.conftest import Committed
 from tests.factories import (
     POLICY_TEXT,
     Keys,
@@ -108,19 +115,28 @@ def _tricky_chunks(text_: str) -> list[dict[str, Any]]:
     return [{"chunk_id": cid, "start": s, "end": e} for cid, (s, e) in bounds.items()]
 
 
-@contextmanager
-def _statements(connection: AsyncConnection) -> Iterator[list[str]]:
-    """The SQL statements run on the test's connection while the block runs."""
+@asynccontextmanager
+async def _statements(connection: AsyncConnection) -> AsyncIterator[list[str]]:
+    """The SQL statements run on the test's connection while the block runs: through
+    SQLAlchemy, and by the driver directly (`app.db.fetch`, BEGIN and COMMIT)."""
     seen: list[str] = []
 
     def record(*args: Any) -> None:
         seen.append(args[2])
 
+    def logged(query: Any) -> None:
+        seen.append(query.query)
+
+    driver = (await connection.get_raw_connection()).driver_connection
+    assert driver is not None
     event.listen(connection.sync_connection, "before_cursor_execute", record)
+    driver.add_query_logger(logged)
     try:
         yield seen
     finally:
         event.remove(connection.sync_connection, "before_cursor_execute", record)
+        await asyncio.sleep(0)  # the driver calls its loggers soon after each statement
+        driver.remove_query_logger(logged)
 
 
 async def _integrity_errors(client: httpx.AsyncClient) -> float:
@@ -332,9 +348,9 @@ async def test_resolve_is_one_statement_whatever_the_batch_size(
     citations = await _cite(client, keys, chunks)
     ids = [c["citation_id"] for c in citations]
 
-    with _statements(connection) as one:
+    async with _statements(connection) as one:
         await _resolve(client, keys, ids[:1])
-    with _statements(connection) as many:
+    async with _statements(connection) as many:
         await _resolve(client, keys, [*ids, "cit_missing", *ids[:10]])
 
     assert len(many) == len(one)
@@ -512,3 +528,226 @@ async def test_citation_reads_without_a_key_are_unauthorized(
         ]
         assert [r.status_code for r in responses] == [401] * 3
         assert all(r.json()["code"] == "unauthorized" for r in responses)
+
+
+# --- reads that open their key in their own statement -----------------------------------------
+
+
+async def _create_key(
+    client: httpx.AsyncClient, keys: Keys, *, scopes: list[str]
+) -> dict[str, Any]:
+    response = await client.post(
+        "/v1/admin/keys", json={"tenant": "acme", "scopes": scopes}, headers=keys.headers("admin")
+    )
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _reads(cid: str) -> list[tuple[str, str, dict[str, Any] | None]]:
+    return [
+        ("GET", f"/v1/citations/{cid}/excerpt", None),
+        ("POST", "/v1/citations/resolve", {"citation_ids": [cid]}),
+    ]
+
+
+async def test_an_excerpt_or_resolve_is_one_statement_that_opens_the_key(
+    client: httpx.AsyncClient, keys: Keys, connection: AsyncConnection
+) -> None:
+    await register_version(client, keys)
+    [cited, *_] = await _cite(client, keys, policy_chunks())
+
+    for method, path, body in _reads(cited["citation_id"]):
+        async with _statements(connection) as seen:
+            response = await client.request(
+                method, path, json=body, headers=keys.headers("support")
+            )
+        assert response.status_code == 200, response.text
+        # The test's sessions join its transaction as savepoints; nothing else is sent.
+        [statement] = [s for s in seen if not s.startswith(("SAVEPOINT", "RELEASE"))]
+        assert "FROM api_keys" in statement
+        assert "FROM citations" in statement
+
+
+async def test_a_keyed_read_has_no_transaction_of_its_own_around_its_statement(
+    committed: Committed,
+) -> None:
+    client, keys = committed.client, committed.keys
+    await register_version(client, keys)
+    [cited, *_] = await _cite(client, keys, policy_chunks())
+    seen: list[str] = []
+    engine = committed.sessionmaker.kw["bind"].sync_engine
+
+    def logged(query: Any) -> None:
+        seen.append(query.query)
+
+    def log_on_checkout(dbapi_connection: Any, *_: Any) -> None:
+        # The same callback again is one logger: a connection checked out twice logs once.
+        dbapi_connection.driver_connection.add_query_logger(logged)
+
+    def record(*args: Any) -> None:
+        seen.append(args[2])
+
+    event.listen(engine, "checkout", log_on_checkout)
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        for method, path, body in _reads(cited["citation_id"]):
+            seen.clear()
+            response = await client.request(
+                method, path, json=body, headers=keys.headers("support")
+            )
+            await asyncio.sleep(0)
+            assert response.status_code == 200, response.text
+            assert len(seen) == 1, seen
+            assert "FROM api_keys" in seen[0]
+    finally:
+        event.remove(engine, "checkout", log_on_checkout)
+        event.remove(engine, "before_cursor_execute", record)
+
+
+async def test_a_keyed_read_on_a_lost_connection_is_503_and_the_next_one_is_served(
+    committed: Committed,
+) -> None:
+    client, keys = committed.client, committed.keys
+    await register_version(client, keys)
+    [cited, *_] = await _cite(client, keys, policy_chunks())
+    path = f"/v1/citations/{cited['citation_id']}/excerpt"
+    assert (await client.get(path, headers=keys.headers("support"))).status_code == 200
+    async with committed.owner.connect() as owner:
+        await owner.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE usename = 'grounding_app' AND datname = current_database()"
+            )
+        )
+
+    lost = await client.get(path, headers=keys.headers("support"))
+    again = await client.get(path, headers=keys.headers("support"))
+
+    assert lost.status_code == 503, lost.text
+    assert lost.json()["code"] == "service_unavailable"
+    assert "retry-after" in lost.headers
+    assert again.status_code == 200, again.text
+
+
+async def test_the_keyed_statement_reads_nothing_for_a_key_that_does_not_open(
+    client: httpx.AsyncClient,
+    keys: Keys,
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    await register_version(client, keys)
+    [cited, *_] = await _cite(client, keys, policy_chunks())
+    cid = cited["citation_id"]
+    support = keys.secrets[("acme", "support")]
+    revoked = await _create_key(client, keys, scopes=["support"])
+    assert (
+        await client.delete(f"/v1/admin/keys/{revoked['key_id']}", headers=keys.headers("admin"))
+    ).status_code == 200
+    readers = frozenset({"support"})
+    cases = {
+        "opens": (support, readers),
+        "wrong secret": (support[:-1] + ("A" if support[-1] != "A" else "B"), readers),
+        "revoked": (revoked["secret"], readers),
+        "lacks the scope": (support, frozenset({"audit"})),
+    }
+
+    found = {}
+    for name, (secret, scopes) in cases.items():
+        reader = access.Reader(secret=secret, scopes=scopes)
+        # A fresh session each time: outside the statement, no tenant is set.
+        async with sessionmaker() as session, session.begin():
+            rows = await db.fetch(session, citations._RESOLVE_KEYED, *reader.key_arguments(), [cid])
+        found[name] = [row["citation_id"] for row in rows]
+
+    assert found == {
+        "opens": [cid],
+        "wrong secret": [None],
+        "revoked": [None],
+        "lacks the scope": [None],
+    }
+
+
+async def test_keyed_reads_refuse_every_key_that_does_not_open_alike(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    await register_version(client, keys)
+    [cited, *_] = await _cite(client, keys, policy_chunks())
+    support = keys.secrets[("acme", "support")]
+    other = keys.secrets[("acme", "agent")]
+    spliced = "_".join(support.split("_")[:3]) + "_" + other.split("_", 3)[3]
+    refused = ["gsk_key_ffffffffffffffff_nosuchkey", support[:-1] + "x", spliced, "nonsense"]
+
+    for method, path, body in _reads(cited["citation_id"]):
+        responses = [
+            await client.request(
+                method, path, json=body, headers={"Authorization": f"Bearer {secret}"}
+            )
+            for secret in refused
+        ]
+        assert {r.status_code for r in responses} == {401}
+        assert {r.text for r in responses} == {responses[0].text}
+        assert responses[0].headers["www-authenticate"] == "Bearer"
+
+
+async def test_a_revoked_key_reads_no_excerpt_on_the_next_request(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    await register_version(client, keys)
+    [cited, *_] = await _cite(client, keys, policy_chunks())
+    issued = await _create_key(client, keys, scopes=["support"])
+    headers = {"Authorization": f"Bearer {issued['secret']}"}
+    reads = _reads(cited["citation_id"])
+    for method, path, body in reads:
+        assert (await client.request(method, path, json=body, headers=headers)).status_code == 200
+
+    revoking = await client.delete(
+        f"/v1/admin/keys/{issued['key_id']}", headers=keys.headers("admin")
+    )
+
+    assert revoking.status_code == 200
+    for method, path, body in reads:
+        after = await client.request(method, path, json=body, headers=headers)
+        assert after.status_code == 401
+        assert POLICY_TEXT[:12] not in after.text
+
+
+async def test_excerpt_and_resolve_bodies_are_exactly_their_schemas(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    chunks = policy_chunks()
+    await register_version(client, keys, chunks=chunks)
+    await register_version(client, keys, version="2026-12-01", chunks=chunks)
+    [live, *_] = await _cite(client, keys, chunks)
+    [erased, *_] = await _cite(client, keys, chunks, version="2026-12-01")
+    await erase_document(client, keys, versions=["2026-12-01"])
+
+    bodies = [(await _excerpt(client, keys, c["citation_id"])).json() for c in (live, erased)]
+    resolved = await _resolve(client, keys, [live["citation_id"], erased["citation_id"], "cit_x"])
+
+    excerpt, tombstone = bodies
+    assert Excerpt.model_validate(excerpt).model_dump(mode="json") == excerpt
+    assert list(Excerpt.model_validate(excerpt).model_dump(mode="json")) == list(excerpt)
+    assert Tombstone.model_validate(tombstone).model_dump(mode="json") == tombstone
+    assert list(Tombstone.model_validate(tombstone).model_dump(mode="json")) == list(tombstone)
+    read = ResolveRead.model_validate({"results": resolved})
+    assert read.model_dump(mode="json") == {"results": resolved}
+    assert [r["status"] for r in resolved] == ["excerpt", "tombstone", "not_found"]
+    assert resolved[0] == excerpt | {"status": "excerpt"}
+    assert resolved[1] == tombstone | {"status": "tombstone"}
+
+
+async def test_an_admin_reads_excerpts_as_the_tenant_it_names(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    await register_version(client, keys)
+    [cited, *_] = await _cite(client, keys, policy_chunks())
+    as_acme = keys.headers("admin", tenant="globex") | {"X-Grounding-Tenant": "acme"}
+    own = keys.headers("admin", tenant="globex")
+
+    for method, path, body in _reads(cited["citation_id"]):
+        named = await client.request(method, path, json=body, headers=as_acme)
+        unnamed = await client.request(method, path, json=body, headers=own)
+        assert named.status_code == 200, named.text
+        assert POLICY_TEXT[cited["span"]["start"] : cited["span"]["end"]] in named.text
+        assert unnamed.status_code in (200, 404)
+        assert POLICY_TEXT[:12] not in unnamed.text

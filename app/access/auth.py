@@ -14,7 +14,7 @@ from fastapi import Depends, Header, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.access import service as access
-from app.access.service import Principal
+from app.access.service import Principal, Reader
 from app.audit import service as audit
 from app.db import SessionDep, scope_to_tenant
 from app.errors import Forbidden, Unauthorized
@@ -42,18 +42,42 @@ def require(
     async def authorize(
         request: Request, session: SessionDep, acting: ActingTenant = None
     ) -> Principal:
-        scheme, _, secret = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            raise Unauthorized("a valid API key is required")
-        principal = await access.authenticate(session, secret=secret.strip())
-        if not principal.scopes & allowed:
-            raise Forbidden(f"this operation needs one of the scopes: {', '.join(sorted(allowed))}")
+        principal = await access.authenticate(session, secret=_bearer(request))
+        access.admitted(principal, allowed)
         if acting is not None and acting != principal.tenant:
             principal = await _act_as(request, session, principal, acting, reads=reads)
         request.state.principal = principal
         return principal
 
     return authorize
+
+
+def _bearer(request: Request) -> str:
+    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise Unauthorized("a valid API key is required")
+    return secret.strip()
+
+
+def read_keyed(*scopes: str) -> Callable[[Request, SessionDep, ActingTenant], Awaitable[Reader]]:
+    """A dependency for reads that open their key in their own statement (`access.keyed`):
+    one round trip for the whole request. An admin key naming a tenant to read as is opened
+    here instead, its read audited first, as `require` does."""
+    allowed = frozenset(scopes)
+    authorize = require(*scopes, reads=True)
+
+    async def reader(request: Request, session: SessionDep, acting: ActingTenant = None) -> Reader:
+        secret = _bearer(request)
+        if acting is not None:
+            principal = await authorize(request, session, acting)
+            return Reader(secret=secret, scopes=allowed, principal=principal)
+
+        def on_open(principal: Principal) -> None:
+            request.state.principal = principal
+
+        return Reader(secret=secret, scopes=allowed, on_open=on_open)
+
+    return reader
 
 
 async def _act_as(
@@ -80,5 +104,6 @@ IngestKey = Annotated[Principal, Depends(require("ingest"))]
 IngestReadKey = Annotated[Principal, Depends(require("ingest", "admin", reads=True))]
 AgentKey = Annotated[Principal, Depends(require("agent"))]
 ReaderKey = Annotated[Principal, Depends(require(*READERS, reads=True))]
+KeyedReader = Annotated[Reader, Depends(read_keyed(*READERS))]
 AuditKey = Annotated[Principal, Depends(require("audit", "admin"))]
 AdminKey = Annotated[Principal, Depends(require("admin"))]

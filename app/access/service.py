@@ -3,7 +3,9 @@
 Invariants kept here:
 - a key's secret is shown once, at creation, and stored only as its sha256;
 - secrets are compared in constant time, and every way a key can fail to open looks the same;
-- a revoked key stops opening on the next request.
+- a revoked key stops opening on the next request;
+- a read that opens its key in its own statement (`keyed`) reads as no tenant unless the key
+  opens and holds the scope.
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final, Protocol
 
 from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.errors import InvalidRequest, NotFound, Unauthorized
+from app.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
 from app.models import ApiKey, Tenant
 
 SCOPES: Final = ("ingest", "agent", "support", "audit", "admin")
@@ -103,7 +106,7 @@ def _key_id_of(secret: str) -> str | None:
 # The key's row, and the transaction scoped to its tenant in the same round trip. Should the
 # secret not match, the request fails and its transaction is rolled back with the setting.
 _AUTHENTICATE = text(
-    "SELECT tenant, secret_sha256, scopes, revoked_at,"
+    "SELECT tenant AS key_tenant, secret_sha256, scopes, revoked_at,"
     " set_config('app.tenant', tenant, true) AS scoped"
     " FROM api_keys WHERE key_id = :key_id"
 )
@@ -116,8 +119,80 @@ async def authenticate(session: AsyncSession, *, secret: str) -> Principal:
     row = None
     if key_id is not None:
         row = (await session.execute(_AUTHENTICATE, {"key_id": key_id})).one_or_none()
-    expected = row.secret_sha256 if row is not None else _UNKNOWN_KEY_DIGEST
+    return opened(secret, row._mapping if row is not None else None)
+
+
+class StoredKey(Protocol):
+    """A key's row as a statement that opens it read it: its columns by name."""
+
+    def __getitem__(self, column: str, /) -> Any: ...
+
+
+def opened(secret: str, stored: StoredKey | None) -> Principal:
+    """The principal `secret` opens, given the row of the key it names (None: no such key); or
+    `Unauthorized`, which never says why."""
+    key_id = _key_id_of(secret)
+    expected = stored["secret_sha256"] if stored is not None else _UNKNOWN_KEY_DIGEST
     opens = hmac.compare_digest(_digest(secret), expected)
-    if row is None or not opens or row.revoked_at is not None or key_id is None:
+    if stored is None or not opens or stored["revoked_at"] is not None or key_id is None:
         raise Unauthorized("a valid API key is required")
-    return Principal(tenant=row.tenant, key_id=key_id, scopes=frozenset(row.scopes))
+    return Principal(tenant=stored["key_tenant"], key_id=key_id, scopes=frozenset(stored["scopes"]))
+
+
+def keyed(work: str) -> str:
+    """One statement that opens a key and does `work` as its tenant, in one round trip.
+
+    Its parameters are the key id ($1), the digest of the secret ($2) and the scopes that admit
+    the work ($3), then the work's own, from $4. `work` names its tenant `key.scoped`, the
+    setting the key's row made; its rows come back beside the key's (`key_tenant`, `secret_sha256`,
+    `scopes`, `revoked_at`), as one row with no work columns when it found nothing, and no row
+    at all when there is no such key. The statement is scoped (`app.tenant`, for row-level
+    security) to the key's tenant only when the digest matches, the key is not revoked and it
+    holds one of the scopes; otherwise to no tenant, so the work reads nothing. The caller still
+    decides with `opened`, in constant time, and refuses a key that lacks the scope.
+    """
+    # MATERIALIZED and OFFSET 0 keep the key's row apart from the work, and the work reads the
+    # tenant from that row: the setting is made before any of the work's rows is scanned.
+    return f"""
+        WITH key AS MATERIALIZED (
+          SELECT tenant AS key_tenant, secret_sha256, scopes, revoked_at,
+                 set_config('app.tenant',
+                            CASE WHEN secret_sha256 = $2 AND revoked_at IS NULL
+                                  AND scopes && $3::text[]
+                                 THEN tenant ELSE '' END,
+                            true) AS scoped
+            FROM api_keys WHERE key_id = $1)
+        SELECT key.key_tenant, key.secret_sha256, key.scopes, key.revoked_at, work.*
+          FROM key LEFT JOIN LATERAL ({work} OFFSET 0) AS work ON true
+    """
+
+
+def admitted(principal: Principal, scopes: frozenset[str]) -> Principal:
+    """`principal`, if it holds one of `scopes`; else `Forbidden`."""
+    if not principal.scopes & scopes:
+        raise Forbidden(f"this operation needs one of the scopes: {', '.join(sorted(scopes))}")
+    return principal
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """A read's caller: a key its read opens in its own statement (`keyed`), or a principal
+    opened already, with the transaction scoped to the tenant it reads as."""
+
+    secret: str
+    scopes: frozenset[str]
+    principal: Principal | None = None
+    # Told the principal once the read's statement opened the key (the request's log line).
+    on_open: Callable[[Principal], None] = lambda _: None
+
+    def key_arguments(self) -> tuple[str, str, list[str]]:
+        """The first three parameters of a `keyed` statement: key id, digest, scopes."""
+        # An unparseable secret names no key ('' matches none), and `opened` refuses it.
+        return _key_id_of(self.secret) or "", _digest(self.secret), sorted(self.scopes)
+
+    def open(self, stored: StoredKey | None) -> Principal:
+        """The principal of the key's row a `keyed` statement read; or `Unauthorized`, or
+        `Forbidden` when it lacks the scopes."""
+        principal = admitted(opened(self.secret, stored), self.scopes)
+        self.on_open(principal)
+        return principal

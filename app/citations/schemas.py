@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,3 +57,11 @@ def resolve_entry(resolution: Resolution) -> ResolvedExcerpt | ResolvedTombstone
     if isinstance(found, Tombstone):
         return ResolvedTombstone(**found.model_dump())
     return Unresolved(citation_id=resolution.citation_id)
+
+
+def resolve_entry_body(citation_id: str, found: dict[str, Any] | None) -> dict[str, Any]:
+    """The JSON of the `ResolveEntry` of one asked-for id, from the body of the excerpt or
+    tombstone it resolved to (None: not found), as `resolve_entry` would give it."""
+    if found is None:
+        return {"citation_id": citation_id, "status": "not_found"}
+    return found | {"status": "tombstone" if found["erased"] else "excerpt"}

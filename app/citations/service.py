@@ -5,24 +5,25 @@ Invariants kept here:
 - an excerpt's characters are verified against the citation's `span_sha256` before they leave;
 - a citation into an erased version resolves to a tombstone, with no text and no plain hash;
 - another tenant's citation is exactly as absent as one that never existed;
-- a batch resolves in one statement, whatever its size.
+- a batch resolves in one statement, whatever its size; a read by a key that the statement
+  opens itself (`access.keyed`) is that one statement and nothing else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import bindparam, select, text
-from sqlalchemy.dialects.postgresql import ARRAY
+from asyncpg import Record
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.types import Text
 
-from app import telemetry
+from app import db, telemetry
+from app.access import service as access
+from app.access.service import Reader
 from app.errors import NotFound
-from app.grounding.excerpt import ExcerptIntegrityError, citation_attributes
-from app.grounding.excerpt import excerpt as pinned_excerpt
+from app.grounding.excerpt import ExcerptIntegrityError, citation_attributes, exact_characters
 from app.grounding.models import Citation, Excerpt, Locator, Span, Tombstone
 from app.models import CitationRow
 
@@ -102,9 +103,12 @@ class Resolution:
     found: Excerpt | Tombstone | None
 
 
-_RESOLVE = text(
-    """
-    SELECT c.*, ch.text AS chunk_text, ch.span_start AS chunk_start,
+def _resolve_statement(*, tenant: str, ids: str) -> str:
+    """The one statement resolving a batch, given how it names its tenant and its ids."""
+    return f"""
+    SELECT c.citation_id, c.document_id, c.document_version, c.span_start, c.span_end,
+           c.uri, c.page, c.section, c.span_sha256,
+           ch.text AS chunk_text, ch.span_start AS chunk_start,
            v.erased_at, e.request_ref,
            (SELECT n.version FROM document_versions n
              WHERE n.tenant = c.tenant AND n.document_id = c.document_id
@@ -118,67 +122,131 @@ _RESOLVE = text(
         ON ch.tenant = c.tenant AND ch.document_id = c.document_id
        AND ch.version = c.document_version AND ch.chunk_id = c.chunk_id
       LEFT JOIN erasures e ON e.tenant = v.tenant AND e.erasure_id = v.erasure_id
-     WHERE c.tenant = :tenant AND c.citation_id = ANY(:ids)
+     WHERE c.tenant = {tenant} AND c.citation_id = ANY({ids}::text[])
     """
-).bindparams(bindparam("ids", type_=ARRAY(Text)))
+
+
+# As the tenant the transaction is scoped to; and as the key the statement opens itself.
+_RESOLVE = _resolve_statement(tenant="$1", ids="$2")
+_RESOLVE_KEYED = access.keyed(_resolve_statement(tenant="key.scoped", ids="$4"))
+
+Body = dict[str, Any]
 
 
 @telemetry.traced("grounding.resolve")
 async def resolve(
     session: AsyncSession, *, tenant: str, citation_ids: Sequence[str]
 ) -> list[Resolution]:
-    """One resolution per asked-for id, in the order asked, in one statement."""
-    return await _resolve(session, tenant, citation_ids)
+    """One resolution per asked-for id, in the order asked, in one statement, in a transaction
+    already scoped to `tenant`."""
+    found = await _resolve(session, tenant, citation_ids)
+    return [
+        Resolution(citation_id=cid, found=_model(found[cid]) if cid in found else None)
+        for cid in citation_ids
+    ]
 
 
-async def _resolve(
-    session: AsyncSession, tenant: str, citation_ids: Sequence[str]
-) -> list[Resolution]:
-    rows = (
-        await session.execute(_RESOLVE, {"tenant": tenant, "ids": list(set(citation_ids))})
-    ).all()
-    found = {row.citation_id: _resolved(row) for row in rows}
-    resolutions = [Resolution(citation_id=cid, found=found.get(cid)) for cid in citation_ids]
-    telemetry.annotate(
-        lambda: {
-            **citation_attributes(from_row(row) for row in rows),
-            "adk.grounding.outcome": "resolved",
-            "adk.grounding.requested_count": len(citation_ids),
-            "adk.grounding.excerpt_count": sum(isinstance(r.found, Excerpt) for r in resolutions),
-            "adk.grounding.tombstone_count": sum(
-                isinstance(r.found, Tombstone) for r in resolutions
-            ),
-            "adk.grounding.not_found_count": sum(r.found is None for r in resolutions),
-        }
-    )
-    return resolutions
-
-
-def _resolved(row: Any) -> Excerpt | Tombstone:
-    citation = from_row(row)
-    if row.erased_at is not None:
-        return Tombstone(
-            citation_id=citation.citation_id,
-            document_id=citation.document_id,
-            document_version=citation.document_version,
-            span=citation.span,
-            locator=citation.locator,
-            erased_at=row.erased_at,
-            request_ref=row.request_ref,
-            superseded_by=row.superseded_by,
-        )
-    if row.chunk_text is None:
-        # A live version's chunk always has its text: none (or no chunk row) is tampering.
-        raise ExcerptIntegrityError(citation.citation_id)
-    return pinned_excerpt(
-        citation, row.chunk_text, offset=row.chunk_start, superseded_by=row.superseded_by
-    )
+@telemetry.traced("grounding.resolve")
+async def resolve_bodies(
+    session: AsyncSession, *, reader: Reader, citation_ids: Sequence[str]
+) -> dict[str, Body]:
+    """The excerpt or tombstone body (the JSON of `Excerpt` or `Tombstone`) of each asked-for
+    id found, by id, in one statement that also opens the reader's key."""
+    return await _resolve(session, reader, citation_ids)
 
 
 @telemetry.traced("grounding.excerpt")
-async def excerpt(session: AsyncSession, *, tenant: str, citation_id: str) -> Excerpt | Tombstone:
-    """The exact characters one citation pins, or its tombstone, or `NotFound`."""
-    [resolution] = await _resolve(session, tenant, [citation_id])
-    if resolution.found is None:
+async def excerpt(session: AsyncSession, *, reader: Reader, citation_id: str) -> Body:
+    """The body of the exact characters one citation pins, or of its tombstone; or
+    `NotFound`."""
+    found = await _resolve(session, reader, [citation_id])
+    if citation_id not in found:
         raise NotFound("no such citation")
-    return resolution.found
+    return found[citation_id]
+
+
+async def _resolve(
+    session: AsyncSession, reader: Reader | str, citation_ids: Sequence[str]
+) -> dict[str, Body]:
+    unique = list(dict.fromkeys(citation_ids))
+    tenant = reader if isinstance(reader, str) else getattr(reader.principal, "tenant", None)
+    if tenant is not None:
+        rows = await db.fetch(session, _RESOLVE, tenant, unique)
+    else:
+        assert isinstance(reader, Reader)
+        rows = await db.fetch(session, _RESOLVE_KEYED, *reader.key_arguments(), unique)
+        # Refused here, before any row is looked at, when the key does not open.
+        reader.open(rows[0] if rows else None)
+        rows = [row for row in rows if row["citation_id"] is not None]
+    found = {row["citation_id"]: _body(row) for row in rows}
+    telemetry.annotate(
+        lambda: {
+            **citation_attributes(_sources(found.values())),
+            "adk.grounding.outcome": "resolved",
+            "adk.grounding.requested_count": len(citation_ids),
+            "adk.grounding.excerpt_count": sum(
+                not found[cid]["erased"] for cid in citation_ids if cid in found
+            ),
+            "adk.grounding.tombstone_count": sum(
+                found[cid]["erased"] for cid in citation_ids if cid in found
+            ),
+            "adk.grounding.not_found_count": sum(cid not in found for cid in citation_ids),
+        }
+    )
+    return found
+
+
+def _body(row: Record) -> Body:
+    """The JSON of the `Excerpt` or `Tombstone` a resolved row is, field for field, built
+    without validating: every value comes from the row, and the characters are verified."""
+    citation_id = row["citation_id"]
+    span = {"start": row["span_start"], "end": row["span_end"]}
+    head = {
+        "citation_id": citation_id,
+        "document_id": row["document_id"],
+        "document_version": row["document_version"],
+        "span": span,
+    }
+    locator = {"uri": row["uri"], "page": row["page"], "section": row["section"]}
+    if row["erased_at"] is not None:
+        return head | {
+            "text": None,
+            "erased": True,
+            "erased_at": row["erased_at"],
+            "request_ref": row["request_ref"],
+            "superseded_by": row["superseded_by"],
+            "locator": locator,
+        }
+    expected = row["span_sha256"]
+    if row["chunk_text"] is None or expected is None:
+        # A live version's chunk always has its text and its hash: none is tampering.
+        raise ExcerptIntegrityError(citation_id)
+    cited = exact_characters(
+        citation_id=citation_id,
+        span=Span(start=row["span_start"], end=row["span_end"]),
+        expected_sha256=expected,
+        text=row["chunk_text"],
+        offset=row["chunk_start"],
+    )
+    return head | {
+        "text": cited,
+        "erased": False,
+        "superseded_by": row["superseded_by"],
+        "locator": locator,
+    }
+
+
+def _model(body: Body) -> Excerpt | Tombstone:
+    return Tombstone.model_validate(body) if body["erased"] else Excerpt.model_validate(body)
+
+
+class _Source(NamedTuple):
+    document_id: str
+    document_version: str
+
+
+def _sources(bodies: Iterable[Body]) -> Iterable[Citation]:
+    # `citation_attributes` reads a citation's document id and version, all a body needs to
+    # carry: reading whole citations for it would cost every read, traced or not.
+    sources = (_Source(b["document_id"], b["document_version"]) for b in bodies)
+    return cast("Iterable[Citation]", sources)
