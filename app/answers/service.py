@@ -6,7 +6,8 @@ Invariants kept here:
 - every attempt, grounded, refused or rejected, is recorded in the request's transaction, and a
   rejection is raised only after its record is written (it commits with it);
 - the record keeps claims and citation ids, never copies of the submitted citations;
-- the number of statements does not grow with the size of the answer.
+- the run and its citations are read in one statement and the attempt is written in one more
+  (two more when it quotes), whatever the size of the answer.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import telemetry
 from app.access.service import Principal
+from app.audit import chain
 from app.audit import service as audit
 from app.citations import service as citations
 from app.errors import NotFound
@@ -30,7 +32,7 @@ from app.grounding.errors import GroundingError
 from app.grounding.excerpt import citation_attributes
 from app.grounding.models import Citation, CitedAnswer
 from app.ids import new_id
-from app.models import Chunk, CitationRow, Run, Verification, VerificationCitation
+from app.models import Chunk, CitationRow, Verification
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,22 +62,24 @@ def answer_sha256(answer: CitedAnswer) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+# The run's citations in result order; one row of nulls when it issued none, and no row at all
+# when there is no such run.
+_ISSUED = text(
+    """
+    SELECT c.*
+      FROM runs r
+      LEFT JOIN citations c ON c.tenant = r.tenant AND c.run_id = r.run_id
+     WHERE r.tenant = :tenant AND r.run_id = :run_id
+     ORDER BY c.ordinal
+    """
+)
+
+
 async def _issued(session: AsyncSession, tenant: str, run_id: str) -> list[Citation]:
-    rows = (
-        await session.execute(
-            select(Run.run_id.label("found_run"), CitationRow)
-            .select_from(Run)
-            .outerjoin(
-                CitationRow,
-                (CitationRow.tenant == Run.tenant) & (CitationRow.run_id == Run.run_id),
-            )
-            .where(Run.tenant == tenant, Run.run_id == run_id)
-            .order_by(CitationRow.ordinal)
-        )
-    ).all()
+    rows = (await session.execute(_ISSUED, {"tenant": tenant, "run_id": run_id})).all()
     if not rows:
         raise NotFound("no such run")
-    return [citations.from_row(row.CitationRow) for row in rows if row.CitationRow is not None]
+    return [citations.from_row(row) for row in rows if row.citation_id is not None]
 
 
 async def _cited_texts(
@@ -116,6 +120,32 @@ def _span_attributes(
     }
 
 
+# The verification, the citation ids it rests on and its audit entry in one statement: one round
+# trip, whatever the size of the answer.
+_RECORD = text(
+    """
+    WITH verification AS (
+      INSERT INTO verifications (tenant, verification_id, run_id, key_id, outcome, code,
+                                 violations, claims, provenance, claim_count, citation_count,
+                                 answer_sha256, created_at)
+      VALUES (:tenant, :verification_id, :run_id, :key_id, :outcome, :code,
+              CAST(:violations AS jsonb), CAST(:claims AS jsonb), CAST(:provenance AS text[]),
+              :claim_count, :citation_count, :answer_sha256, :created_at)
+    ), sources AS (
+      INSERT INTO verification_citations (tenant, verification_id, citation_id)
+      SELECT CAST(:tenant AS text), CAST(:verification_id AS text), citation_id
+        FROM unnest(CAST(:provenance AS text[])) AS citation_id
+    )
+    """
+    + audit.entry_insert(
+        tenant=":tenant",
+        kind="'verification'",
+        record_id=":verification_id",
+        content_sha256=":content_sha256",
+    )
+)
+
+
 @telemetry.traced("grounding.check")
 async def verify_answer(
     session: AsyncSession, *, principal: Principal, run_id: str, answer: CitedAnswer
@@ -153,21 +183,14 @@ async def verify_answer(
         "answer_sha256": answer_sha256(answer),
         "created_at": datetime.now(UTC),
     }
-    await session.execute(insert(Verification).values(values))
-    if provenance:
-        await session.execute(
-            insert(VerificationCitation),
-            [
-                {"tenant": principal.tenant, "verification_id": verification_id, "citation_id": c}
-                for c in provenance
-            ],
-        )
-    await audit.record(
-        session,
-        tenant=principal.tenant,
-        kind="verification",
-        record_id=verification_id,
-        content=audit.verification_content(values),
+    await session.execute(
+        _RECORD,
+        {
+            **values,
+            "violations": json.dumps(values["violations"]),
+            "claims": json.dumps(values["claims"]),
+            "content_sha256": chain.content_sha256(audit.verification_content(values)),
+        },
     )
     if error is not None:
         error.verification_id = verification_id

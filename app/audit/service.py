@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import insert, literal_column, select
+from sqlalchemy import insert, literal_column, select, text
 from sqlalchemy.dialects.postgresql import insert as upsert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
@@ -127,14 +127,35 @@ def admin_read_content(read: Mapping[str, Any]) -> dict[str, Any]:
     return {f: read[f] for f in _ADMIN_READ_FIELDS}
 
 
+def entry_insert(*, tenant: str, kind: str, record_id: str, content_sha256: str) -> str:
+    """The INSERT of one audit entry, given the SQL expressions of its values: a writer ends the
+    statement that writes the record with it (the record's INSERTs in its WITH), so the record
+    and its entry take one round trip."""
+    return (
+        "INSERT INTO audit_entries (tenant, kind, record_id, content_sha256)"
+        f" VALUES ({tenant}, {kind}, {record_id}, {content_sha256})"
+    )
+
+
+_RECORD = text(
+    entry_insert(
+        tenant=":tenant", kind=":kind", record_id=":record_id", content_sha256=":content_sha256"
+    )
+)
+
+
 async def record(
     session: AsyncSession, *, tenant: str, kind: str, record_id: str, content: Mapping[str, Any]
 ) -> None:
     """Append the entry of one audit record, in the caller's transaction."""
     await session.execute(
-        insert(AuditEntry).values(
-            tenant=tenant, kind=kind, record_id=record_id, content_sha256=content_sha256(content)
-        )
+        _RECORD,
+        {
+            "tenant": tenant,
+            "kind": kind,
+            "record_id": record_id,
+            "content_sha256": content_sha256(content),
+        },
     )
 
 

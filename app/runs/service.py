@@ -3,23 +3,26 @@
 Invariants kept here:
 - a run with any bad result issues nothing and writes nothing;
 - a run's citations keep the order of its results;
-- the registry is read in one statement, whatever the number of results.
+- the registry is read in one statement, and the run, its citations and its audit entry are
+  written in one more, whatever the number of results.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, text
+from sqlalchemy import bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import Text
 
 from app import telemetry
 from app.access.service import Principal
+from app.audit import chain
 from app.audit import service as audit
 from app.citations import service as citations
 from app.errors import NotFound
@@ -91,6 +94,65 @@ async def _registry(
     }
 
 
+# The citation columns `_RECORD` writes from one array each, in its order.
+_CITATION_COLUMNS = (
+    "citation_id",
+    "ordinal",
+    "document_id",
+    "document_version",
+    "chunk_id",
+    "span_start",
+    "span_end",
+    "utf8_start",
+    "utf8_end",
+    "utf16_start",
+    "utf16_end",
+    "score",
+    "branches",
+    "uri",
+    "page",
+    "section",
+    "span_sha256",
+    "span_hmac",
+)
+
+# The run, its citations and its audit entry in one statement: one round trip, whatever the
+# number of results. Branches travel as JSON text, cast to jsonb by the server.
+_RECORD = text(
+    """
+    WITH run AS (
+      INSERT INTO runs (tenant, run_id, query, scope, retrieved_at, key_id, citation_count)
+      VALUES (:tenant, :run_id, :query, :scope, :retrieved_at, :key_id, :citation_count)
+    ), issued AS (
+      INSERT INTO citations (tenant, run_id, retrieved_at, citation_id, ordinal, document_id,
+                             document_version, chunk_id, span_start, span_end, utf8_start,
+                             utf8_end, utf16_start, utf16_end, score, branches, uri, page,
+                             section, span_sha256, span_hmac)
+      SELECT CAST(:tenant AS text), CAST(:run_id AS text), CAST(:retrieved_at AS timestamptz),
+             c.citation_id, c.ordinal, c.document_id, c.document_version, c.chunk_id,
+             c.span_start, c.span_end, c.utf8_start, c.utf8_end, c.utf16_start, c.utf16_end,
+             c.score, CAST(c.branches AS jsonb), c.uri, c.page, c.section, c.span_sha256,
+             c.span_hmac
+        FROM unnest(CAST(:citation_id AS text[]), CAST(:ordinal AS int[]),
+                    CAST(:document_id AS text[]), CAST(:document_version AS text[]),
+                    CAST(:chunk_id AS text[]), CAST(:span_start AS int[]),
+                    CAST(:span_end AS int[]), CAST(:utf8_start AS int[]),
+                    CAST(:utf8_end AS int[]), CAST(:utf16_start AS int[]),
+                    CAST(:utf16_end AS int[]), CAST(:score AS float8[]),
+                    CAST(:branches AS text[]), CAST(:uri AS text[]), CAST(:page AS int[]),
+                    CAST(:section AS text[]), CAST(:span_sha256 AS text[]),
+                    CAST(:span_hmac AS text[]))
+             AS c(citation_id, ordinal, document_id, document_version, chunk_id, span_start,
+                  span_end, utf8_start, utf8_end, utf16_start, utf16_end, score, branches,
+                  uri, page, section, span_sha256, span_hmac)
+    )
+    """
+    + audit.entry_insert(
+        tenant=":tenant", kind="'run'", record_id=":run_id", content_sha256=":content_sha256"
+    )
+)
+
+
 @telemetry.traced("grounding.cite")
 async def record_run(
     session: AsyncSession,
@@ -123,7 +185,6 @@ async def record_run(
         "key_id": principal.key_id,
         "citation_count": len(issued),
     }
-    await session.execute(insert(Run).values(run))
     rows = [
         citations.row_values(
             c,
@@ -132,14 +193,17 @@ async def record_run(
         )
         for i, c in enumerate(issued)
     ]
-    if rows:
-        await session.execute(insert(CitationRow), rows)
-    await audit.record(
-        session,
-        tenant=principal.tenant,
-        kind="run",
-        record_id=run_id,
-        content=audit.run_content(run, rows),
+    columns: dict[str, list[Any]] = {
+        name: [row[name] for row in rows] for name in _CITATION_COLUMNS
+    }
+    columns["branches"] = [json.dumps(branches) for branches in columns["branches"]]
+    await session.execute(
+        _RECORD,
+        {
+            **run,
+            **columns,
+            "content_sha256": chain.content_sha256(audit.run_content(run, rows)),
+        },
     )
     return RecordedRun(run=Run(**run), citations=issued)
 
