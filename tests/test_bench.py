@@ -1,21 +1,25 @@
-"""The benchmark's own parts: the floor app answers, its wrk scripts and profiles parse.
+"""The benchmark's own parts: the floor app answers, its wrk scripts and profiles parse, and the
+seeder writes rows the service reads, cites and verifies as its own.
 
 The benchmark itself is not run here: it takes many minutes and its figures are no test.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import secrets
 from collections.abc import AsyncIterator
 
+import asyncpg
 import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from bench import floor
+from bench import floor, payloads, seed
 from bench.load import COUNTER, Load, lua_script
 from bench.profile import hot_spots
-from tests.conftest import admin_execute
+from tests.conftest import Committed, admin_execute
 
 
 @pytest.fixture
@@ -81,3 +85,97 @@ def test_hot_spots_count_own_and_total_samples_by_function() -> None:
     assert [h.function for h in found.by_total_in_app] == ["handle (app/x/service.py)"]
     assert found.by_total_in_app[0].total == 100.0
     assert [(h.function, h.own) for h in found.by_package] == [("hashlib", 75.0), ("app", 25.0)]
+
+
+# Every foreign key of the seeded tables, and each citation's pin against its chunk's.
+_ORPHANS = (
+    "SELECT count(*) FROM chunks c LEFT JOIN document_versions v"
+    " USING (tenant, document_id, version) WHERE v.tenant IS NULL",
+    "SELECT count(*) FROM version_keys k LEFT JOIN document_versions v"
+    " USING (tenant, document_id, version) WHERE v.tenant IS NULL",
+    "SELECT count(*) FROM citations c LEFT JOIN runs r USING (tenant, run_id)"
+    " WHERE r.tenant IS NULL",
+    "SELECT count(*) FROM citations c LEFT JOIN chunks k ON (k.tenant, k.document_id,"
+    " k.version, k.chunk_id, k.span_start, k.span_end, k.utf8_start, k.utf8_end,"
+    " k.utf16_start, k.utf16_end, k.page, k.section, k.span_sha256, k.span_hmac)"
+    " = (c.tenant, c.document_id, c.document_version, c.chunk_id, c.span_start, c.span_end,"
+    " c.utf8_start, c.utf8_end, c.utf16_start, c.utf16_end, c.page, c.section,"
+    " c.span_sha256, c.span_hmac) WHERE k.tenant IS NULL",
+    "SELECT count(*) FROM audit_entries a LEFT JOIN runs r"
+    " ON (r.tenant, r.run_id) = (a.tenant, a.record_id) WHERE r.tenant IS NULL",
+    *(
+        f"SELECT count(*) FROM {table} x LEFT JOIN tenants t ON t.name = x.tenant"
+        " WHERE t.name IS NULL"
+        for table in seed.SEEDED_TABLES
+    ),
+)
+
+
+async def test_seeded_rows_are_the_services_own(
+    committed: Committed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner = committed.owner.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    connection = await asyncpg.connect(owner)
+    try:
+        key_id = await connection.fetchval(
+            "SELECT key_id FROM api_keys WHERE tenant = 'acme' AND 'agent' = ANY(scopes)"
+        )
+        # One version a batch, so both connections write, in two steps as the benchmark does.
+        monkeypatch.setattr(seed, "VERSIONS_PER_BATCH", 1)
+        seeder = seed.Seeder(tenant="acme", key_id=key_id)
+        first = await seeder.seed(owner, chunks=600, citations=300)
+        second = await seeder.seed(owner, chunks=200, citations=100)
+        assert (first.versions, first.chunks, first.runs, first.citations) == (3, 600, 15, 300)
+        assert (second.chunks, second.citations) == (200, 100)
+        for orphans in _ORPHANS:
+            assert await connection.fetchval(orphans) == 0, orphans
+        chunks = await connection.fetch(
+            "SELECT c.*, v.text AS version_text, v.sha256 AS version_sha256, k.hmac_key"
+            " FROM chunks c JOIN document_versions v USING (tenant, document_id, version)"
+            " JOIN version_keys k USING (tenant, document_id, version)"
+        )
+        assert len(chunks) == 800
+        assert await connection.fetchval("SELECT count(*) FROM citations") == 400
+        cited = await connection.fetch(
+            "SELECT c.citation_id, k.text FROM citations c JOIN chunks k"
+            " ON (k.tenant, k.document_id, k.version, k.chunk_id)"
+            " = (c.tenant, c.document_id, c.document_version, c.chunk_id) LIMIT 3"
+        )
+    finally:
+        await connection.close()
+    for chunk in chunks:
+        text, whole = chunk["text"], chunk["version_text"]
+        encoded = text.encode("utf-8")
+        assert whole[chunk["span_start"] : chunk["span_end"]] == text
+        assert len(whole[: chunk["span_start"]].encode("utf-8")) == chunk["utf8_start"]
+        assert chunk["utf8_end"] - chunk["utf8_start"] == len(encoded)
+        assert len(whole[: chunk["span_end"]].encode("utf-16-le")) // 2 == chunk["utf16_end"]
+        assert chunk["span_sha256"] == hashlib.sha256(encoded).hexdigest()
+        assert chunk["span_hmac"] == hmac.digest(chunk["hmac_key"], encoded, "sha256").hex()
+        assert chunk["version_sha256"] == hashlib.sha256(whole.encode("utf-8")).hexdigest()
+
+    client, keys = committed.client, committed.keys
+    integrity = await client.get("/v1/audit/integrity", headers=keys.headers("audit"))
+    assert integrity.status_code == 200, integrity.text
+    assert (integrity.json()["ok"], integrity.json()["entries"]) == (True, 20)
+    assert len(cited) == 3
+    for row in cited:
+        excerpt = await client.get(
+            f"/v1/citations/{row['citation_id']}/excerpt", headers=keys.headers("agent")
+        )
+        assert excerpt.status_code == 200, excerpt.text
+        assert excerpt.json()["text"] == row["text"]
+    spans = [
+        payloads.ChunkSpan(
+            document_id=c["document_id"],
+            version=c["version"],
+            chunk_id=c["chunk_id"],
+            start=c["span_start"],
+            end=c["span_end"],
+        )
+        for c in chunks[:20]
+    ]
+    again = await client.post(
+        "/v1/runs", json=payloads.run_body(spans), headers=keys.headers("agent")
+    )
+    assert again.status_code == 201, again.text
