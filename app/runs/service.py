@@ -73,24 +73,42 @@ async def _registry(
         _REGISTRY,
         {"tenant": tenant, "documents": documents, "versions": versions, "chunks": chunks},
     )
-    found: dict[tuple[str, str], tuple[Any, dict[str, PinnedChunk]]] = {}
-    for row in rows:
-        _, pinned = found.setdefault((row.document_id, row.version), (row, {}))
-        if row.span_start is not None:
-            pinned[row.chunk_id] = PinnedChunk(
-                chunk_id=row.chunk_id,
-                span=Span(start=row.span_start, end=row.span_end),
-                span_utf8=Span(start=row.utf8_start, end=row.utf8_end),
-                span_utf16=Span(start=row.utf16_start, end=row.utf16_end),
-                span_sha256=row.span_sha256 or "",
-                span_hmac=row.span_hmac,
-                page=row.page,
-                section=row.section,
-                uri=row.uri,
+    found: dict[tuple[str, str], tuple[bool, str | None, dict[str, PinnedChunk]]] = {}
+    # Unpacked by position, as _REGISTRY selects them: a row's attribute by name costs a lookup.
+    for (
+        document_id,
+        version,
+        chunk_id,
+        erased,
+        version_uri,
+        span_start,
+        span_end,
+        utf8_start,
+        utf8_end,
+        utf16_start,
+        utf16_end,
+        page,
+        section,
+        uri,
+        sha256,
+        hmac,
+    ) in rows:
+        _, _, pinned = found.setdefault((document_id, version), (erased, version_uri, {}))
+        if span_start is not None:
+            pinned[chunk_id] = PinnedChunk(
+                chunk_id=chunk_id,
+                span=Span(start=span_start, end=span_end),
+                span_utf8=Span(start=utf8_start, end=utf8_end),
+                span_utf16=Span(start=utf16_start, end=utf16_end),
+                span_sha256=sha256 or "",
+                span_hmac=hmac,
+                page=page,
+                section=section,
+                uri=uri,
             )
     return {
-        key: RegisteredVersion(erased=row.erased, uri=row.version_uri, chunks=pinned)
-        for key, (row, pinned) in found.items()
+        key: RegisteredVersion(erased=erased, uri=version_uri, chunks=pinned)
+        for key, (erased, version_uri, pinned) in found.items()
     }
 
 
