@@ -93,8 +93,9 @@ def get_settings() -> Settings:
     return Settings()
 
 
-def app_settings(request: Request) -> Settings:
-    """The settings the app was built with (`create_app(settings)`)."""
+async def app_settings(request: Request) -> Settings:
+    """The settings the app was built with (`create_app(settings)`); a coroutine, since FastAPI
+    would run a plain function in its thread pool on every request."""
     settings: Settings = request.app.state.settings
     return settings
 
