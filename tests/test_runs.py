@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
@@ -18,11 +19,13 @@ from app.main import create_app
 from tests.factories import (
     POLICY_TEXT,
     Keys,
+    many_chunks,
     policy_chunks,
     record_run,
     register_version,
     results_for,
 )
+from tests.test_answers import counting_statements
 
 PROBLEM_JSON = "application/problem+json"
 CITATION_FIELDS = {
@@ -812,3 +815,27 @@ async def test_runs_of_one_tenant_cite_only_that_tenants_versions(
 
     assert {c["tenant"] for c in acme["citations"]} == {"acme"}
     assert {c["tenant"] for c in globex["citations"]} == {"globex"}
+
+
+async def test_a_run_is_written_in_one_statement_with_its_citations_and_audit_entry(
+    client: httpx.AsyncClient, keys: Keys, connection: AsyncConnection
+) -> None:
+    text_, chunks = many_chunks(60)
+    await register_version(
+        client, keys, document_id="rules", version="v1", text=text_, chunks=chunks
+    )
+
+    async def record(count: int) -> list[str]:
+        results = results_for(chunks[:count], document_id="rules", version="v1")
+        with counting_statements(connection) as statements:
+            response = await _post_run(client, keys, results)
+        assert response.status_code == 201, response.text
+        assert len(response.json()["citations"]) == count
+        return [re.sub(r"sa_savepoint_\d+", "sa_savepoint", s) for s in statements]
+
+    one = await record(1)
+    assert one == await record(60)
+    [written] = [s for s in one if "INSERT INTO runs" in s]
+    assert "INSERT INTO citations" in written
+    assert "INSERT INTO audit_entries" in written
+    assert not [s for s in one if s is not written and "INSERT" in s]
