@@ -282,7 +282,24 @@ def database(args: argparse.Namespace, scratch: Path) -> Iterator[str]:
     from app.embedded import embedded_database
 
     with embedded_database(scratch / "data") as url:
+        asyncio.run(_settings_for_bulk_loads(url))
         yield url
+
+
+# Seeding writes a few GB of WAL: with the default max_wal_size (1 GB) that forces several
+# checkpoints, each followed by full-page images of every page touched again. The floor and the
+# service run on the same server, so the setting is the same for both.
+_BULK_LOAD_SETTINGS = {"max_wal_size": "16GB", "checkpoint_timeout": "30min"}
+
+
+async def _settings_for_bulk_loads(url: str) -> None:
+    connection = await asyncpg.connect(libpq(url))
+    try:
+        for name, value in _BULK_LOAD_SETTINGS.items():
+            await connection.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        await connection.execute("SELECT pg_reload_conf()")
+    finally:
+        await connection.close()
 
 
 def libpq(url: str) -> str:
