@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 import httpx
@@ -223,14 +224,13 @@ async def test_an_erasure_forgets_the_kept_responses_that_name_its_document(
     }
     for name, body in kept.items():
         assert (await post(client, keys, "/v1/runs", body, key=name)).status_code == 201
-    erased = await post(
-        client,
-        keys,
-        "/v1/documents/refund-policy/erase",
-        {"reason": "request", "request_ref": "DSR-9"},
-        key="erasure",
-        scope="ingest",
-    )
+
+    def erase() -> Awaitable[httpx.Response]:
+        body = {"reason": "request", "request_ref": "DSR-9"}
+        path = "/v1/documents/refund-policy/erase"
+        return post(client, keys, path, body, key="erasure", scope="ingest")
+
+    erased = await erase()
     assert erased.status_code == 200
 
     retried = await post(client, keys, "/v1/runs", kept["acme"], key="acme")
@@ -239,14 +239,7 @@ async def test_an_erasure_forgets_the_kept_responses_that_name_its_document(
     assert retried.json()["errors"][0]["problem"] == "erased_version"
     unrelated = await post(client, keys, "/v1/runs", kept["keeper"], key="keeper")
     assert (unrelated.status_code, unrelated.headers.get(REPLAYED)) == (201, "true")
-    again = await post(
-        client,
-        keys,
-        "/v1/documents/refund-policy/erase",
-        {"reason": "request", "request_ref": "DSR-9"},
-        key="erasure",
-        scope="ingest",
-    )
+    again = await erase()
     assert (again.content, again.headers.get(REPLAYED)) == (erased.content, "true")
 
 
