@@ -197,43 +197,37 @@ async def _resolve(
 
 
 def _body(row: Record) -> Body:
-    """The JSON of the `Excerpt` or `Tombstone` a resolved row is, field for field, built
-    without validating: every value comes from the row, and the characters are verified."""
-    citation_id = row["citation_id"]
-    span = {"start": row["span_start"], "end": row["span_end"]}
-    head = {
+    """The JSON of the `Excerpt` or `Tombstone` a resolved row is, field for field and in the
+    schema's order, built without validating: every value comes from the row, and the
+    characters are verified."""
+    citation_id, start, end = row["citation_id"], row["span_start"], row["span_end"]
+    body: Body = {
         "citation_id": citation_id,
         "document_id": row["document_id"],
         "document_version": row["document_version"],
-        "span": span,
+        "span": {"start": start, "end": end},
+        "text": None,
+        "erased": row["erased_at"] is not None,
     }
-    locator = {"uri": row["uri"], "page": row["page"], "section": row["section"]}
-    if row["erased_at"] is not None:
-        return head | {
-            "text": None,
-            "erased": True,
-            "erased_at": row["erased_at"],
-            "request_ref": row["request_ref"],
-            "superseded_by": row["superseded_by"],
-            "locator": locator,
-        }
-    expected = row["span_sha256"]
-    if row["chunk_text"] is None or expected is None:
-        # A live version's chunk always has its text and its hash: none is tampering.
-        raise ExcerptIntegrityError(citation_id)
-    cited = exact_characters(
-        citation_id=citation_id,
-        span=Span(start=row["span_start"], end=row["span_end"]),
-        expected_sha256=expected,
-        text=row["chunk_text"],
-        offset=row["chunk_start"],
-    )
-    return head | {
-        "text": cited,
-        "erased": False,
-        "superseded_by": row["superseded_by"],
-        "locator": locator,
-    }
+    if body["erased"]:
+        body["erased_at"] = row["erased_at"]
+        body["request_ref"] = row["request_ref"]
+    else:
+        expected, text = row["span_sha256"], row["chunk_text"]
+        if text is None or expected is None:
+            # A live version's chunk always has its text and its hash: none is tampering.
+            raise ExcerptIntegrityError(citation_id)
+        body["text"] = exact_characters(
+            citation_id=citation_id,
+            start=start,
+            end=end,
+            expected_sha256=expected,
+            text=text,
+            offset=row["chunk_start"],
+        )
+    body["superseded_by"] = row["superseded_by"]
+    body["locator"] = {"uri": row["uri"], "page": row["page"], "section": row["section"]}
+    return body
 
 
 def _model(body: Body) -> Excerpt | Tombstone:

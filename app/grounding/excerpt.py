@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from app.grounding.cite import span_sha256
-from app.grounding.models import Citation, Excerpt, Span
+from app.grounding.models import Citation, Excerpt
 
 
 class ExcerptIntegrityError(Exception):
@@ -23,11 +23,12 @@ class ExcerptIntegrityError(Exception):
 
 
 def exact_characters(
-    *, citation_id: str, span: Span, expected_sha256: str, text: str, offset: int = 0
+    *, citation_id: str, start: int, end: int, expected_sha256: str, text: str, offset: int = 0
 ) -> str:
-    """The characters of `span` from `text`, which starts at code point `offset` of its version."""
-    cited = text[span.start - offset : span.end - offset]
-    if len(cited) != span.end - span.start or span_sha256(cited) != expected_sha256:
+    """The characters `[start, end)` of a version from `text`, which starts at its code point
+    `offset`. Plain offsets, not a `Span`: resolving a batch calls this once a row."""
+    cited = text[start - offset : end - offset]
+    if len(cited) != end - start or span_sha256(cited) != expected_sha256:
         raise ExcerptIntegrityError(citation_id)
     return cited
 
@@ -45,7 +46,8 @@ def excerpt(
         span=citation.span,
         text=exact_characters(
             citation_id=citation.citation_id,
-            span=citation.span,
+            start=citation.span.start,
+            end=citation.span.end,
             expected_sha256=citation.span_sha256,
             text=text,
             offset=offset,
