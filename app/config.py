@@ -86,6 +86,18 @@ class Settings(BaseSettings):
         """Connections per worker: the connection budget shared by the workers, one at least."""
         return max(1, self.db_max_connections // self.workers)
 
+    @property
+    def statement_pool_size(self) -> int:
+        """Of a worker's connections, those lent to reads that are their request's one statement
+        (`db.StatementPool`): a quarter, as such a read holds its connection for one round trip
+        where a session holds one for its whole request; none below four."""
+        return self.pool_size // 4
+
+    @property
+    def session_pool_size(self) -> int:
+        """Of a worker's connections, those of its sessions: the rest."""
+        return self.pool_size - self.statement_pool_size
+
 
 @lru_cache
 def get_settings() -> Settings:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import asyncpg
 from alembic import command
@@ -21,6 +21,7 @@ from fastapi import Depends, Request
 from sqlalchemy import MetaData, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncEngine,
@@ -72,7 +73,7 @@ def create_engine(settings: Settings, url: str) -> AsyncEngine:
     """The engine for one worker; bound parameters never appear in error messages."""
     return create_async_engine(
         async_url(url),
-        pool_size=settings.pool_size,
+        pool_size=settings.session_pool_size,
         max_overflow=0,
         pool_timeout=settings.db_connect_timeout,
         # No ping on checkout: it costs three round trips a request. A connection that died
@@ -119,15 +120,26 @@ async def fetch(session: AsyncSession, statement: str, *arguments: object) -> li
 
     It runs in the session's transaction once one has begun (a statement through SQLAlchemy
     begins it). Before that, it is a transaction of its own, on a connection of the session's
-    engine: a read that is the request's only statement costs one round trip, with no BEGIN or
-    COMMIT, and no session. Its errors are SQLAlchemy's, as every other statement's are: a lost
-    connection is invalidated and answered 503.
+    engine. Its errors are SQLAlchemy's, as every other statement's are: a lost connection is
+    invalidated and answered 503.
     """
     bind = session.bind
     if isinstance(bind, AsyncEngine) and not session.in_transaction():
         async with bind.connect() as connection:
             return await _fetch(connection, statement, arguments)
     return await _fetch(await session.connection(), statement, arguments)
+
+
+async def read(request: Request, statement: str, *arguments: object) -> list[Record]:
+    """The rows of a read that is its request's one statement: on the app's `StatementPool`;
+    where it has none (a connection budget under four, or an app given its sessionmaker rather
+    than its lifespan's), in a session of its own."""
+    statements: StatementPool | None = request.app.state.statements
+    if statements is not None:
+        return await statements.fetch(statement, *arguments)
+    sessionmaker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
+    async with sessionmaker() as session:
+        return await fetch(session, statement, *arguments)
 
 
 async def _fetch(
@@ -137,20 +149,117 @@ async def _fetch(
     assert driver is not None
     try:
         rows: list[Record] = await driver.fetch(statement, *arguments)
-    except (
-        asyncpg.PostgresError,
-        asyncpg.InterfaceError,
-        asyncpg.InternalClientError,
-        OSError,
-    ) as error:
-        failure = DBAPIError(statement, None, error, hide_parameters=True)
-        if driver.is_closed() or isinstance(error, OSError) or database_unreachable(failure):
+    except _DRIVER_ERRORS as error:
+        failure = _failure(statement, error, lost=driver.is_closed())
+        if failure.connection_invalidated:
             await connection.invalidate(error)
-            failure = OperationalError(
-                statement, None, error, hide_parameters=True, connection_invalidated=True
-            )
         raise failure from error
     return rows
+
+
+# What the driver raises when a statement fails or its connection does.
+_DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
+
+def _failure(statement: str, error: BaseException, *, lost: bool) -> DBAPIError:
+    """A driver's error as SQLAlchemy's, as `app.errors` maps every database failure: one that
+    lost the connection (or could not make one) is an `OperationalError`, answered 503."""
+    failure = DBAPIError(statement, None, error, hide_parameters=True)
+    if lost or isinstance(error, OSError | TimeoutError) or database_unreachable(failure):
+        return OperationalError(
+            statement,
+            None,
+            error,
+            hide_parameters=True,
+            connection_invalidated=True,
+        )
+    return failure
+
+
+class StatementPool:
+    """Connections lent to reads that are their request's one statement, for that statement
+    alone: no session, no transaction block, no SQLAlchemy pool around it, whose work on such a
+    read costs more than the read's own.
+
+    A lent connection comes back as it went: the statement is its own transaction, and what it
+    sets (`app.tenant`) is local to that transaction. One whose statement did not end cleanly
+    (lost, cut off, cancelled) is closed instead; one that lost its server closes the idle ones
+    too, as they lost it as well. At most `size` are open; a read waits up to `timeout` seconds
+    for one, as it would for a session's connection, and that wait is a 503 as that one is.
+    """
+
+    def __init__(self, connect_arguments: dict[str, Any], *, size: int, timeout: float) -> None:
+        self._connect_arguments = connect_arguments | {"timeout": timeout}
+        self._timeout = timeout
+        self._slots = asyncio.Semaphore(size)
+        self._idle: list[asyncpg.Connection] = []
+        self._closed = False
+
+    @classmethod
+    def for_engine(cls, engine: AsyncEngine, *, size: int, timeout: float) -> StatementPool:
+        """A pool reaching the server as `engine` does, with its dialect's connection arguments."""
+        _, arguments = engine.dialect.create_connect_args(engine.url)
+        return cls(dict(arguments), size=size, timeout=timeout)
+
+    async def fetch(self, statement: str, *arguments: object) -> list[Record]:
+        """The rows of `statement`, prepared and run by the driver on a lent connection."""
+        await self._take_slot()
+        connection: asyncpg.Connection | None = None
+        try:
+            connection = self._idle.pop() if self._idle else await self._connect()
+            rows: list[Record] = await connection.fetch(statement, *arguments)
+        except BaseException as error:
+            lost = connection is None or connection.is_closed()
+            if connection is not None:
+                self._give_back(connection, clean=isinstance(error, asyncpg.PostgresError))
+            if not isinstance(error, _DRIVER_ERRORS):
+                raise
+            failure = _failure(statement, error, lost=lost)
+            if failure.connection_invalidated:
+                self._close_idle()
+            raise failure from error
+        finally:
+            self._slots.release()
+        self._give_back(connection, clean=True)
+        return rows
+
+    async def close(self) -> None:
+        """Close the idle connections, and any lent one as it comes back."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        closing = (connection.close(timeout=self._timeout) for connection in idle)
+        await asyncio.gather(*closing, return_exceptions=True)
+
+    async def _take_slot(self) -> None:
+        if not self._slots.locked():
+            await self._slots.acquire()  # one is free: this returns at once
+            return
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._slots.acquire()
+        except TimeoutError as error:
+            raise PoolTimeoutError("no database connection was free in time") from error
+
+    async def _connect(self) -> asyncpg.Connection:
+        connection: asyncpg.Connection = await asyncpg.connect(**self._connect_arguments)
+        return connection
+
+    def _give_back(self, connection: asyncpg.Connection, *, clean: bool) -> None:
+        if clean and not self._closed and not connection.is_closed():
+            self._idle.append(connection)
+        else:
+            connection.terminate()
+
+    def _close_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.terminate()
 
 
 def alembic_config(url: str) -> Config:

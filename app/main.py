@@ -19,6 +19,7 @@ from app.audit.router import router as audit_router
 from app.citations.router import router as citations_router
 from app.config import Settings, get_settings
 from app.db import (
+    StatementPool,
     create_engine,
     create_sessionmaker,
     current_revision,
@@ -83,12 +84,18 @@ def create_app(
             raise RuntimeError("DATABASE_URL is not set; start the service with `grounding serve`")
         engine = create_engine(settings, request_url(settings, settings.database_url))
         app.state.sessionmaker = create_sessionmaker(engine)
+        if settings.statement_pool_size:
+            app.state.statements = StatementPool.for_engine(
+                engine, size=settings.statement_pool_size, timeout=settings.db_connect_timeout
+            )
         # What exists by now (modules, the app, its routes and schemas) lives as long as the
         # process: frozen, no collection walks it again, where a full one took over 100 ms.
         gc.freeze()
         try:
             yield
         finally:
+            if app.state.statements is not None:
+                await app.state.statements.close()
             await engine.dispose()
             if exporting is not None:
                 exporting.shutdown()
@@ -103,6 +110,8 @@ def create_app(
     )
     app.openapi = _with_problem_schema(app)  # type: ignore[method-assign]
     app.state.metrics = Metrics()
+    # Set by the lifespan; an app given its sessionmaker instead reads in sessions (`db.read`).
+    app.state.statements = None
     app.state.settings = settings
     install_error_handlers(app, retry_after=settings.retry_after)
     for router in (

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import (
 )
 
 from app.config import Settings
-from app.db import async_url, create_engine, create_sessionmaker, migrate, request_url
+from app.db import async_url, create_engine, migrate, request_url
 from app.embedded import embedded_database
 from app.main import create_app
 from tests.factories import Keys, make_keys
@@ -144,27 +144,26 @@ class Committed:
 
 @pytest.fixture
 async def committed(server_url: str) -> AsyncIterator[Committed]:
-    """A scratch database, migrated, served with no enclosing transaction, for the tests that
-    need real commits (audit seals, vacuums, tampering as the owner); dropped afterwards."""
+    """A scratch database, migrated, served by an app whose lifespan made its engine and pools
+    as in production, with no enclosing transaction, for the tests that need real commits
+    (audit seals, vacuums, tampering as the owner) or production's own connections; dropped
+    afterwards."""
     name = f"grounding_committed_{secrets.token_hex(4)}"
     await admin_execute(server_url, f'CREATE DATABASE "{name}"')
     url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    settings = Settings(database_url=url)
-    engine = create_engine(settings, request_url(settings, url))
     owner = create_async_engine(async_url(url))
     try:
         await asyncio.to_thread(migrate, url)
-        app = create_app(settings)
-        app.state.sessionmaker = create_sessionmaker(engine)
-        keys = await make_keys(app.state.sessionmaker)
+        app = create_app(Settings(database_url=url))
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://grounding.test"
-        ) as client:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://grounding.test") as client,
+        ):
+            keys = await make_keys(app.state.sessionmaker)
             yield Committed(
                 client=client, keys=keys, owner=owner, sessionmaker=app.state.sessionmaker
             )
     finally:
-        await engine.dispose()
         await owner.dispose()
         await admin_execute(server_url, f'DROP DATABASE "{name}" WITH (FORCE)')

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -544,6 +545,10 @@ async def _create_key(
     return body
 
 
+# How the test's sessions join its transaction; a read's session ends without committing.
+SAVEPOINTS = ("SAVEPOINT", "RELEASE", "ROLLBACK TO SAVEPOINT")
+
+
 def _reads(cid: str) -> list[tuple[str, str, dict[str, Any] | None]]:
     return [
         ("GET", f"/v1/citations/{cid}/excerpt", None),
@@ -564,22 +569,29 @@ async def test_an_excerpt_or_resolve_is_one_statement_that_opens_the_key(
             )
         assert response.status_code == 200, response.text
         # The test's sessions join its transaction as savepoints; nothing else is sent.
-        [statement] = [s for s in seen if not s.startswith(("SAVEPOINT", "RELEASE"))]
+        [statement] = [s for s in seen if not s.startswith(SAVEPOINTS)]
         assert "FROM api_keys" in statement
         assert "FROM citations" in statement
 
 
 async def test_a_keyed_read_has_no_transaction_of_its_own_around_its_statement(
-    committed: Committed,
+    committed: Committed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client, keys = committed.client, committed.keys
     await register_version(client, keys)
     [cited, *_] = await _cite(client, keys, policy_chunks())
     seen: list[str] = []
     engine = committed.sessionmaker.kw["bind"].sync_engine
+    connect = asyncpg.connect
 
     def logged(query: Any) -> None:
         seen.append(query.query)
+
+    async def connect_logged(*args: Any, **kwargs: Any) -> asyncpg.Connection:
+        # The statement pool's connections, which the reads below are the first to open.
+        connection = await connect(*args, **kwargs)
+        connection.add_query_logger(logged)
+        return connection
 
     def log_on_checkout(dbapi_connection: Any, *_: Any) -> None:
         # The same callback again is one logger: a connection checked out twice logs once.
@@ -588,6 +600,7 @@ async def test_a_keyed_read_has_no_transaction_of_its_own_around_its_statement(
     def record(*args: Any) -> None:
         seen.append(args[2])
 
+    monkeypatch.setattr(asyncpg, "connect", connect_logged)
     event.listen(engine, "checkout", log_on_checkout)
     event.listen(engine, "before_cursor_execute", record)
     try:
@@ -603,6 +616,30 @@ async def test_a_keyed_read_has_no_transaction_of_its_own_around_its_statement(
     finally:
         event.remove(engine, "checkout", log_on_checkout)
         event.remove(engine, "before_cursor_execute", record)
+
+
+async def test_keyed_reads_run_in_a_session_where_the_budget_leaves_no_statement_pool(
+    committed: Committed,
+) -> None:
+    client, keys = committed.client, committed.keys
+    await register_version(client, keys)
+    [cited, *_] = await _cite(client, keys, policy_chunks())
+    url = committed.owner.url.render_as_string(hide_password=False)
+    small = create_app(Settings(database_url=url, db_max_connections=3))
+    transport = httpx.ASGITransport(app=small)
+
+    async with (
+        small.router.lifespan_context(small),
+        httpx.AsyncClient(transport=transport, base_url="http://grounding.test") as other,
+    ):
+        assert small.state.statements is None
+        for method, path, body in _reads(cited["citation_id"]):
+            pooled = await client.request(method, path, json=body, headers=keys.headers("support"))
+            in_session = await other.request(
+                method, path, json=body, headers=keys.headers("support")
+            )
+            assert pooled.status_code == in_session.status_code == 200, in_session.text
+            assert in_session.json() == pooled.json()
 
 
 async def test_a_keyed_read_on_a_lost_connection_is_503_and_the_next_one_is_served(

@@ -243,13 +243,20 @@ def test_every_setting_has_a_description() -> None:
 
 
 @pytest.mark.parametrize(
-    ("workers", "budget", "pool_size"), [(1, 20, 20), (4, 20, 5), (3, 20, 6), (40, 20, 1)]
+    ("workers", "budget", "pool_size", "statements"),
+    [(1, 20, 20, 5), (4, 20, 5, 1), (3, 20, 6, 1), (40, 20, 1, 0), (1, 3, 3, 0)],
 )
-def test_workers_share_the_connection_budget(workers: int, budget: int, pool_size: int) -> None:
+def test_workers_share_the_connection_budget(
+    workers: int, budget: int, pool_size: int, statements: int
+) -> None:
     settings = Settings(workers=workers, db_max_connections=budget)
 
     assert settings.pool_size == pool_size
     assert workers * settings.pool_size <= max(budget, workers)
+    # A worker's sessions and its one-statement reads split its share, sessions keeping one.
+    assert settings.statement_pool_size == statements
+    assert settings.session_pool_size + settings.statement_pool_size == pool_size
+    assert settings.session_pool_size >= 1
 
 
 @contextmanager

@@ -7,14 +7,17 @@ named tenant, so row-level security stays on and the admin sees exactly what tha
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated
 
+from asyncpg import Record
 from fastapi import Depends, Header, Request
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app import db
 from app.access import service as access
-from app.access.service import Principal, Reader
+from app.access.service import Principal, Reader, Reads
 from app.audit import service as audit
 from app.db import SessionDep, scope_to_tenant
 from app.errors import Forbidden, Unauthorized
@@ -59,25 +62,50 @@ def _bearer(request: Request) -> str:
     return secret.strip()
 
 
-def read_keyed(*scopes: str) -> Callable[[Request, SessionDep, ActingTenant], Awaitable[Reader]]:
-    """A dependency for reads that open their key in their own statement (`access.keyed`):
-    one round trip for the whole request. An admin key naming a tenant to read as is opened
-    here instead, its read audited first, as `require` does."""
+def read_keyed(*scopes: str) -> Callable[[Request, ActingTenant], Awaitable[Reads]]:
+    """A dependency for reads that open their key in their own statement (`access.keyed`): one
+    round trip for the whole request, with no session. An admin key naming a tenant to read as
+    reads in a transaction that opens it and records the read first, as `require` does."""
     allowed = frozenset(scopes)
     authorize = require(*scopes, reads=True)
 
-    async def reader(request: Request, session: SessionDep, acting: ActingTenant = None) -> Reader:
+    async def reads(request: Request, acting: ActingTenant = None) -> Reads:
         secret = _bearer(request)
         if acting is not None:
-            principal = await authorize(request, session, acting)
-            return Reader(secret=secret, scopes=allowed, principal=principal)
+            return _ActingReads(request=request, authorize=authorize, acting=acting)
 
         def on_open(principal: Principal) -> None:
             request.state.principal = principal
 
-        return Reader(secret=secret, scopes=allowed, on_open=on_open)
+        return _KeyedReads(request=request, reader=Reader(secret, allowed, on_open))
 
-    return reader
+    return reads
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyedReads:
+    request: Request
+    reader: Reader
+
+    async def rows(self, *, keyed: str, scoped: str, arguments: Sequence[object]) -> list[Record]:
+        rows = await db.read(self.request, keyed, *self.reader.key_arguments(), *arguments)
+        # Refused here, before any row is looked at, when the key does not open.
+        self.reader.open(rows[0] if rows else None)
+        return rows
+
+
+@dataclass(frozen=True, slots=True)
+class _ActingReads:
+    request: Request
+    authorize: Callable[[Request, AsyncSession, str | None], Awaitable[Principal]]
+    acting: str
+
+    async def rows(self, *, keyed: str, scoped: str, arguments: Sequence[object]) -> list[Record]:
+        # The read's own transaction, committed before the response as the request's would be.
+        sessionmaker: async_sessionmaker[AsyncSession] = self.request.app.state.sessionmaker
+        async with sessionmaker() as session, session.begin():
+            principal = await self.authorize(self.request, session, self.acting)
+            return await db.fetch(session, scoped, principal.tenant, *arguments)
 
 
 async def _act_as(
@@ -104,6 +132,6 @@ IngestKey = Annotated[Principal, Depends(require("ingest"))]
 IngestReadKey = Annotated[Principal, Depends(require("ingest", "admin", reads=True))]
 AgentKey = Annotated[Principal, Depends(require("agent"))]
 ReaderKey = Annotated[Principal, Depends(require(*READERS, reads=True))]
-KeyedReader = Annotated[Reader, Depends(read_keyed(*READERS))]
+KeyedReads = Annotated[Reads, Depends(read_keyed(*READERS))]
 AuditKey = Annotated[Principal, Depends(require("audit", "admin"))]
 AdminKey = Annotated[Principal, Depends(require("admin"))]

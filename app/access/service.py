@@ -13,11 +13,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
+from asyncpg import Record
 from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -176,12 +177,10 @@ def admitted(principal: Principal, scopes: frozenset[str]) -> Principal:
 
 @dataclass(frozen=True, slots=True)
 class Reader:
-    """A read's caller: a key its read opens in its own statement (`keyed`), or a principal
-    opened already, with the transaction scoped to the tenant it reads as."""
+    """A read's caller, by the key its read opens in its own statement (`keyed`)."""
 
     secret: str
     scopes: frozenset[str]
-    principal: Principal | None = None
     # Told the principal once the read's statement opened the key (the request's log line).
     on_open: Callable[[Principal], None] = lambda _: None
 
@@ -196,3 +195,13 @@ class Reader:
         principal = admitted(opened(self.secret, stored), self.scopes)
         self.on_open(principal)
         return principal
+
+
+class Reads(Protocol):
+    """Where a read's rows come from: a statement of `keyed`, which opens the caller's key, run
+    on its own; or, for an admin key reading as another tenant, the same work with that tenant
+    as $1, run in a transaction that recorded the read first and is scoped to that tenant."""
+
+    async def rows(self, *, keyed: str, scoped: str, arguments: Sequence[object]) -> list[Record]:
+        """The rows of the read, the key opened (or `Unauthorized`, `Forbidden`)."""
+        ...

@@ -7,7 +7,7 @@ from typing import Any
 import pydantic_core
 from fastapi import APIRouter, Response
 
-from app.access.auth import KeyedReader, ReaderKey
+from app.access.auth import KeyedReads, ReaderKey
 from app.citations import service as citations
 from app.citations.schemas import ResolveRead, ResolveRequest, resolve_entry_body
 from app.db import SessionDep
@@ -34,8 +34,8 @@ async def get_citation(citation_id: str, session: SessionDep, principal: ReaderK
     response_model=Excerpt | Tombstone,
     responses=INTEGRITY_RESPONSES,
 )
-async def get_excerpt(citation_id: str, session: SessionDep, reader: KeyedReader) -> Response:
-    return _json(await citations.excerpt(session, reader=reader, citation_id=citation_id))
+async def get_excerpt(citation_id: str, reads: KeyedReads) -> Response:
+    return _json(await citations.excerpt(reads, citation_id=citation_id))
 
 
 @router.post(
@@ -46,10 +46,8 @@ async def get_excerpt(citation_id: str, session: SessionDep, reader: KeyedReader
         limit_items("citation_ids", what="ids per resolve", limit=lambda s: s.max_resolve_ids)
     ],
 )
-async def resolve_citations(
-    body: ResolveRequest, session: SessionDep, reader: KeyedReader
-) -> Response:
-    found = await citations.resolve_bodies(session, reader=reader, citation_ids=body.citation_ids)
+async def resolve_citations(body: ResolveRequest, reads: KeyedReads) -> Response:
+    found = await citations.resolve_bodies(reads, citation_ids=body.citation_ids)
     return _json(
         {"results": [resolve_entry_body(cid, found.get(cid)) for cid in body.citation_ids]}
     )

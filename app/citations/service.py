@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import db, telemetry
 from app.access import service as access
-from app.access.service import Reader
+from app.access.service import Reads
 from app.errors import NotFound
 from app.grounding.excerpt import ExcerptIntegrityError, citation_attributes, exact_characters
 from app.grounding.models import Citation, Excerpt, Locator, Span, Tombstone
@@ -139,7 +139,8 @@ async def resolve(
 ) -> list[Resolution]:
     """One resolution per asked-for id, in the order asked, in one statement, in a transaction
     already scoped to `tenant`."""
-    found = await _resolve(session, tenant, citation_ids)
+    rows = await db.fetch(session, _RESOLVE, tenant, list(dict.fromkeys(citation_ids)))
+    found = _bodies(rows, citation_ids)
     return [
         Resolution(citation_id=cid, found=_model(found[cid]) if cid in found else None)
         for cid in citation_ids
@@ -147,37 +148,30 @@ async def resolve(
 
 
 @telemetry.traced("grounding.resolve")
-async def resolve_bodies(
-    session: AsyncSession, *, reader: Reader, citation_ids: Sequence[str]
-) -> dict[str, Body]:
+async def resolve_bodies(reads: Reads, *, citation_ids: Sequence[str]) -> dict[str, Body]:
     """The excerpt or tombstone body (the JSON of `Excerpt` or `Tombstone`) of each asked-for
     id found, by id, in one statement that also opens the reader's key."""
-    return await _resolve(session, reader, citation_ids)
+    return await _read_bodies(reads, citation_ids)
 
 
 @telemetry.traced("grounding.excerpt")
-async def excerpt(session: AsyncSession, *, reader: Reader, citation_id: str) -> Body:
+async def excerpt(reads: Reads, *, citation_id: str) -> Body:
     """The body of the exact characters one citation pins, or of its tombstone; or
     `NotFound`."""
-    found = await _resolve(session, reader, [citation_id])
+    found = await _read_bodies(reads, [citation_id])
     if citation_id not in found:
         raise NotFound("no such citation")
     return found[citation_id]
 
 
-async def _resolve(
-    session: AsyncSession, reader: Reader | str, citation_ids: Sequence[str]
-) -> dict[str, Body]:
+async def _read_bodies(reads: Reads, citation_ids: Sequence[str]) -> dict[str, Body]:
     unique = list(dict.fromkeys(citation_ids))
-    tenant = reader if isinstance(reader, str) else getattr(reader.principal, "tenant", None)
-    if tenant is not None:
-        rows = await db.fetch(session, _RESOLVE, tenant, unique)
-    else:
-        assert isinstance(reader, Reader)
-        rows = await db.fetch(session, _RESOLVE_KEYED, *reader.key_arguments(), unique)
-        # Refused here, before any row is looked at, when the key does not open.
-        reader.open(rows[0] if rows else None)
-        rows = [row for row in rows if row["citation_id"] is not None]
+    rows = await reads.rows(keyed=_RESOLVE_KEYED, scoped=_RESOLVE, arguments=(unique,))
+    # A keyed statement that found nothing still reads the key's row, with no citation.
+    return _bodies([row for row in rows if row["citation_id"] is not None], citation_ids)
+
+
+def _bodies(rows: Sequence[Record], citation_ids: Sequence[str]) -> dict[str, Body]:
     found = {row["citation_id"]: _body(row) for row in rows}
     telemetry.annotate(
         lambda: {
