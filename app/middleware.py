@@ -201,24 +201,25 @@ def _routes(app: object) -> Iterable[Any]:
     return flatten(routes) if flatten is not None else routes
 
 
-# A JSON string once its escapes are gone: the brackets it holds are text, not structure.
-_JSON_STRING = re.compile(rb'"[^"]*"')
-# Each opening bracket as a step of +1, each closing one as -1 (a signed byte), nothing else.
+# Each opening bracket as a step of +1, each closing one as -1 (a signed byte).
 _STEPS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")
-_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+# Every byte but the brackets and the quote, which say where strings are.
+_NOT_MARKS = bytes(sorted(set(range(256)) - set(b'[]{}"')))
 _BLOCK = 1 << 16
 
 
 def nests_deeper(body: bytes, limit: int) -> bool:
     """Whether the JSON in `body` nests arrays and objects more than `limit` levels deep.
 
-    Nothing is parsed: strings are cut out and the brackets kept as steps up and down, and the
-    running level is summed a block at a time, at C speed; a block with too few openings to reach
-    the limit is only counted. A body that is not balanced is left to the parser to refuse.
+    Nothing is parsed: only brackets and quotes are kept, what lies between quotes (brackets in
+    strings) is cut out, the brackets become steps up and down, and the running level is summed
+    a block at a time, at C speed; a block with too few openings to reach the limit is only
+    counted. A body that is not balanced is left to the parser to refuse.
     """
     # Escaped backslashes go first, so that what is left of `\"` is an escaped quote.
     unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
-    steps = _JSON_STRING.sub(b"", unescaped).translate(_STEPS, _NOT_BRACKETS)
+    marks = unescaped.translate(None, _NOT_MARKS)
+    steps = b"".join(marks.split(b'"')[::2]).translate(_STEPS)
     level = 0
     for start in range(0, len(steps), _BLOCK):
         block = steps[start : start + _BLOCK]
