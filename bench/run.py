@@ -241,6 +241,25 @@ def workers_of(process: subprocess.Popen[bytes], count: int) -> list[psutil.Proc
         time.sleep(0.2)
 
 
+def settle(
+    processes: Sequence[psutil.Process],
+    *,
+    busy_share: float = 10.0,
+    interval: float = 0.2,
+    limit: float = 30.0,
+) -> None:
+    """Wait until every process in `processes` is idle (under `busy_share` percent of a core over
+    `interval` seconds), at most `limit` seconds: what a load left queued (up to a request per
+    connection, a second or more of registrations) is served before the next load is timed."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        for process in processes:
+            process.cpu_percent(None)
+        time.sleep(interval)
+        if all(process.cpu_percent(None) < busy_share for process in processes):
+            return
+
+
 class MemoryWatch:
     """Samples the resident set size of some processes until stopped, keeping each one's peak."""
 
@@ -653,6 +672,7 @@ def measure_block(
                 run_wrk(
                     service_url, operation.load, seconds=args.warmup, connections=args.connections
                 )
+            quiet = [*service_workers, *floor_workers]
             for repeat in range(args.repeat):
                 for operation in measured:
                     result = block.results.setdefault(
@@ -660,13 +680,13 @@ def measure_block(
                         OperationResult(operation.key, operation.label, operation.kind),
                     )
                     floor_load = floor_loads[operation.kind]
+                    settle(quiet)
+                    floor_measured = run_wrk(
+                        floor_url, floor_load, seconds=args.duration, connections=args.connections
+                    )
+                    settle(quiet)
                     pair = Pair(
-                        floor=run_wrk(
-                            floor_url,
-                            floor_load,
-                            seconds=args.duration,
-                            connections=args.connections,
-                        ),
+                        floor=floor_measured,
                         operation=run_wrk(
                             service_url,
                             operation.load,
@@ -685,6 +705,7 @@ def measure_block(
                 for operation in measured:
                     result = block.results[operation.key]
                     rate = RATE_SHARE * result.rps
+                    settle(quiet)
                     result.open_loop = asyncio.run(
                         constant_rate(
                             HOST,
