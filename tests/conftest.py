@@ -11,6 +11,7 @@ import asyncio
 import secrets
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,6 +143,19 @@ class Committed:
     sessionmaker: async_sessionmaker[AsyncSession]
 
 
+@asynccontextmanager
+async def serving(
+    app: FastAPI, base_url: str = "http://grounding.test"
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of `app` over ASGI, with the app's lifespan (its engine and pools) running."""
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url=base_url) as client,
+    ):
+        yield client
+
+
 @pytest.fixture
 async def committed(server_url: str) -> AsyncIterator[Committed]:
     """A scratch database, migrated, served by an app whose lifespan made its engine and pools
@@ -155,11 +169,7 @@ async def committed(server_url: str) -> AsyncIterator[Committed]:
     try:
         await asyncio.to_thread(migrate, url)
         app = create_app(Settings(database_url=url))
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://grounding.test") as client,
-        ):
+        async with serving(app) as client:
             keys = await make_keys(app.state.sessionmaker)
             yield Committed(
                 client=client, keys=keys, owner=owner, sessionmaker=app.state.sessionmaker

@@ -12,14 +12,13 @@ import secrets
 from collections.abc import AsyncIterator
 
 import asyncpg
-import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
 from bench import floor, payloads, seed
 from bench.load import COUNTER, Load, lua_script
 from bench.profile import hot_spots
-from tests.conftest import Committed, admin_execute
+from tests.conftest import Committed, admin_execute, serving
 
 
 @pytest.fixture
@@ -40,12 +39,7 @@ async def test_floor_reads_by_primary_key_and_writes_in_one_transaction(
     await floor.prepare(floor_url, rows=10)
     monkeypatch.setenv(floor.URL_VARIABLE, floor_url)
     monkeypatch.setenv(floor.POOL_VARIABLE, "2")
-    app = floor.create_app()
-    transport = httpx.ASGITransport(app=app)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://floor") as client,
-    ):
+    async with serving(floor.create_app(), "http://floor") as client:
         read = await client.get("/floor/read/3")
         assert read.status_code == 200
         assert read.json()["body"]["ref"] == 3

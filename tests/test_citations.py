@@ -24,7 +24,7 @@ from app.citations.schemas import ResolveRead
 from app.config import Settings
 from app.grounding.models import Excerpt, Tombstone
 from app.main import create_app
-from tests.conftest import Committed
+from tests.conftest import Committed, serving
 from tests.factories import (
     POLICY_TEXT,
     Keys,
@@ -626,12 +626,8 @@ async def test_keyed_reads_run_in_a_session_where_the_budget_leaves_no_statement
     [cited, *_] = await _cite(client, keys, policy_chunks())
     url = committed.owner.url.render_as_string(hide_password=False)
     small = create_app(Settings(database_url=url, db_max_connections=3))
-    transport = httpx.ASGITransport(app=small)
 
-    async with (
-        small.router.lifespan_context(small),
-        httpx.AsyncClient(transport=transport, base_url="http://grounding.test") as other,
-    ):
+    async with serving(small) as other:
         assert small.state.statements is None
         for method, path, body in _reads(cited["citation_id"]):
             pooled = await client.request(method, path, json=body, headers=keys.headers("support"))

@@ -42,6 +42,7 @@ from app.config import Settings
 from app.logs import JsonFormatter, logging_config
 from app.main import create_app
 from app.telemetry import otlp_tracer_provider
+from tests.conftest import serving
 from tests.factories import Keys, claim
 
 WINDOW = 8
@@ -617,12 +618,8 @@ async def test_with_an_endpoint_spans_are_exported_over_otlp_http(
     exporting = settings.model_copy(update={"otel_exporter_otlp_endpoint": endpoint + "/"})
     app = create_app(exporting)
     try:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://grounding.test"
-            ) as c:
-                assert (await c.get("/healthz?who=" + QUERY_STRING_TEXT)).status_code == 200
+        async with serving(app) as c:
+            assert (await c.get("/healthz?who=" + QUERY_STRING_TEXT)).status_code == 200
     finally:
         FastAPIInstrumentor.uninstrument_app(app)
     # Leaving the lifespan flushed the batch.
