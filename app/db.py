@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import asyncpg
 from alembic import command
@@ -49,6 +49,12 @@ class Base(DeclarativeBase):
     """Base of every ORM table."""
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Columns(Protocol):
+    """A row's columns by name: a driver's record, or a SQLAlchemy row's mapping."""
+
+    def __getitem__(self, column: str, /) -> Any: ...
 
 
 def async_url(url: str) -> str:

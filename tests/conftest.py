@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 from fastapi import FastAPI
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
@@ -103,6 +105,31 @@ async def connection(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
             yield connection
         finally:
             await transaction.rollback()
+
+
+@asynccontextmanager
+async def statements_sent(connection: AsyncConnection) -> AsyncIterator[list[str]]:
+    """The SQL statements run on the test's connection while the block runs: through
+    SQLAlchemy, and by the driver directly (`app.db.fetch`). The driver reports its own soon
+    after each, so the two kinds are not in one order."""
+    seen: list[str] = []
+
+    def record(*args: Any) -> None:
+        seen.append(args[2])
+
+    def logged(query: Any) -> None:
+        seen.append(query.query)
+
+    driver = (await connection.get_raw_connection()).driver_connection
+    assert driver is not None
+    event.listen(connection.sync_connection, "before_cursor_execute", record)
+    driver.add_query_logger(logged)
+    try:
+        yield seen
+    finally:
+        event.remove(connection.sync_connection, "before_cursor_execute", record)
+        await asyncio.sleep(0)  # the driver calls its loggers soon after each statement
+        driver.remove_query_logger(logged)
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ import asyncio
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -24,7 +22,7 @@ from app.citations.schemas import ResolveRead
 from app.config import Settings
 from app.grounding.models import Excerpt, Tombstone
 from app.main import create_app
-from tests.conftest import Committed, serving
+from tests.conftest import Committed, serving, statements_sent
 from tests.factories import (
     POLICY_TEXT,
     Keys,
@@ -114,30 +112,6 @@ def _tricky_chunks(text_: str) -> list[dict[str, Any]]:
         bounds[f"p{offset}"] = (offset, offset + 1)
         bounds[f"w{offset}"] = (offset, offset + 3)
     return [{"chunk_id": cid, "start": s, "end": e} for cid, (s, e) in bounds.items()]
-
-
-@asynccontextmanager
-async def _statements(connection: AsyncConnection) -> AsyncIterator[list[str]]:
-    """The SQL statements run on the test's connection while the block runs: through
-    SQLAlchemy, and by the driver directly (`app.db.fetch`, BEGIN and COMMIT)."""
-    seen: list[str] = []
-
-    def record(*args: Any) -> None:
-        seen.append(args[2])
-
-    def logged(query: Any) -> None:
-        seen.append(query.query)
-
-    driver = (await connection.get_raw_connection()).driver_connection
-    assert driver is not None
-    event.listen(connection.sync_connection, "before_cursor_execute", record)
-    driver.add_query_logger(logged)
-    try:
-        yield seen
-    finally:
-        event.remove(connection.sync_connection, "before_cursor_execute", record)
-        await asyncio.sleep(0)  # the driver calls its loggers soon after each statement
-        driver.remove_query_logger(logged)
 
 
 async def _integrity_errors(client: httpx.AsyncClient) -> float:
@@ -349,9 +323,9 @@ async def test_resolve_is_one_statement_whatever_the_batch_size(
     citations = await _cite(client, keys, chunks)
     ids = [c["citation_id"] for c in citations]
 
-    async with _statements(connection) as one:
+    async with statements_sent(connection) as one:
         await _resolve(client, keys, ids[:1])
-    async with _statements(connection) as many:
+    async with statements_sent(connection) as many:
         await _resolve(client, keys, [*ids, "cit_missing", *ids[:10]])
 
     assert len(many) == len(one)
@@ -563,7 +537,7 @@ async def test_an_excerpt_or_resolve_is_one_statement_that_opens_the_key(
     [cited, *_] = await _cite(client, keys, policy_chunks())
 
     for method, path, body in _reads(cited["citation_id"]):
-        async with _statements(connection) as seen:
+        async with statements_sent(connection) as seen:
             response = await client.request(
                 method, path, json=body, headers=keys.headers("support")
             )

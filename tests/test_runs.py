@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from app.config import Settings
 from app.main import create_app
+from tests.conftest import statements_sent
 from tests.factories import (
     POLICY_TEXT,
     Keys,
@@ -25,7 +26,6 @@ from tests.factories import (
     register_version,
     results_for,
 )
-from tests.test_answers import counting_statements
 
 PROBLEM_JSON = "application/problem+json"
 CITATION_FIELDS = {
@@ -827,7 +827,7 @@ async def test_a_run_is_written_in_one_statement_with_its_citations_and_audit_en
 
     async def record(count: int) -> list[str]:
         results = results_for(chunks[:count], document_id="rules", version="v1")
-        with counting_statements(connection) as statements:
+        async with statements_sent(connection) as statements:
             response = await _post_run(client, keys, results)
         assert response.status_code == 201, response.text
         assert len(response.json()["citations"]) == count

@@ -16,13 +16,14 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from asyncpg import Record
 from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.db import Columns
 from app.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
 from app.models import ApiKey, Tenant
 
@@ -123,13 +124,7 @@ async def authenticate(session: AsyncSession, *, secret: str) -> Principal:
     return opened(secret, row._mapping if row is not None else None)
 
 
-class StoredKey(Protocol):
-    """A key's row as a statement that opens it read it: its columns by name."""
-
-    def __getitem__(self, column: str, /) -> Any: ...
-
-
-def opened(secret: str, stored: StoredKey | None) -> Principal:
+def opened(secret: str, stored: Columns | None) -> Principal:
     """The principal `secret` opens, given the row of the key it names (None: no such key); or
     `Unauthorized`, which never says why."""
     key_id = _key_id_of(secret)
@@ -189,7 +184,7 @@ class Reader:
         # An unparseable secret names no key ('' matches none), and `opened` refuses it.
         return _key_id_of(self.secret) or "", _digest(self.secret), sorted(self.scopes)
 
-    def open(self, stored: StoredKey | None) -> Principal:
+    def open(self, stored: Columns | None) -> Principal:
         """The principal of the key's row a `keyed` statement read; or `Unauthorized`, or
         `Forbidden` when it lacks the scopes."""
         principal = admitted(opened(self.secret, stored), self.scopes)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import telemetry
+from app import db, telemetry
 from app.access.service import Principal
 from app.audit import chain
 from app.audit import service as audit
@@ -58,23 +58,22 @@ def answer_sha256(answer: CitedAnswer) -> str:
 
 
 # The run's citations in result order; one row of nulls when it issued none, and no row at all
-# when there is no such run.
-_ISSUED = text(
-    """
+# when there is no such run. A driver statement in the request's transaction, as is the record:
+# SQLAlchemy's per-statement and per-row work costs more than either's round trip.
+_ISSUED = """
     SELECT c.*
       FROM runs r
       LEFT JOIN citations c ON c.tenant = r.tenant AND c.run_id = r.run_id
-     WHERE r.tenant = :tenant AND r.run_id = :run_id
+     WHERE r.tenant = $1 AND r.run_id = $2
      ORDER BY c.ordinal
     """
-)
 
 
 async def _issued(session: AsyncSession, tenant: str, run_id: str) -> list[Citation]:
-    rows = (await session.execute(_ISSUED, {"tenant": tenant, "run_id": run_id})).all()
+    rows = await db.fetch(session, _ISSUED, tenant, run_id)
     if not rows:
         raise NotFound("no such run")
-    return [citations.from_row(row) for row in rows if row.citation_id is not None]
+    return [citations.from_row(row) for row in rows if row["citation_id"] is not None]
 
 
 async def _cited_texts(
@@ -116,28 +115,35 @@ def _span_attributes(
 
 
 # The verification, the citation ids it rests on and its audit entry in one statement: one round
-# trip, whatever the size of the answer.
-_RECORD = text(
-    """
+# trip, whatever the size of the answer. Parameters in `_RECORDED` order.
+_RECORD = """
     WITH verification AS (
       INSERT INTO verifications (tenant, verification_id, run_id, key_id, outcome, code,
                                  violations, claims, provenance, claim_count, citation_count,
                                  answer_sha256, created_at)
-      VALUES (:tenant, :verification_id, :run_id, :key_id, :outcome, :code,
-              CAST(:violations AS jsonb), CAST(:claims AS jsonb), CAST(:provenance AS text[]),
-              :claim_count, :citation_count, :answer_sha256, :created_at)
+      VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8::text::jsonb, $9::text[], $10, $11,
+              $12, $13)
     ), sources AS (
       INSERT INTO verification_citations (tenant, verification_id, citation_id)
-      SELECT CAST(:tenant AS text), CAST(:verification_id AS text), citation_id
-        FROM unnest(CAST(:provenance AS text[])) AS citation_id
+      SELECT $1, $2, citation_id FROM unnest($9::text[]) AS citation_id
     )
-    """
-    + audit.entry_insert(
-        tenant=":tenant",
-        kind="'verification'",
-        record_id=":verification_id",
-        content_sha256=":content_sha256",
-    )
+    """ + audit.entry_insert(
+    tenant="$1", kind="'verification'", record_id="$2", content_sha256="$14"
+)
+_RECORDED = (
+    "tenant",
+    "verification_id",
+    "run_id",
+    "key_id",
+    "outcome",
+    "code",
+    "violations",
+    "claims",
+    "provenance",
+    "claim_count",
+    "citation_count",
+    "answer_sha256",
+    "created_at",
 )
 
 
@@ -178,14 +184,16 @@ async def verify_answer(
         "answer_sha256": answer_sha256(answer),
         "created_at": datetime.now(UTC),
     }
-    await session.execute(
+    recorded = {
+        **values,
+        "violations": json.dumps(values["violations"]),
+        "claims": json.dumps(values["claims"]),
+    }
+    await db.fetch(
+        session,
         _RECORD,
-        {
-            **values,
-            "violations": json.dumps(values["violations"]),
-            "claims": json.dumps(values["claims"]),
-            "content_sha256": chain.content_sha256(audit.verification_content(values)),
-        },
+        *(recorded[name] for name in _RECORDED),
+        chain.content_sha256(audit.verification_content(values)),
     )
     if error is not None:
         error.verification_id = verification_id

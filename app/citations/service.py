@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import db, telemetry
 from app.access import service as access
 from app.access.service import Reads
+from app.db import Columns
 from app.errors import NotFound
 from app.grounding.excerpt import ExcerptIntegrityError, citation_attributes, exact_characters
 from app.grounding.models import Citation, Excerpt, Tombstone
@@ -55,32 +56,37 @@ def row_values(citation: Citation, *, ordinal: int, span_hmac: str) -> dict[str,
     }
 
 
-def from_row(row: Any) -> Citation:
-    """An issued citation from a `citations` row (or any row with its columns)."""
+def from_row(row: Columns) -> Citation:
+    """An issued citation from a `citations` row, or any row with its columns, by name."""
     # Validated from plain values in one call: a third cheaper than building each nested model.
     return Citation.model_validate(
         {
-            "citation_id": row.citation_id,
-            "run_id": row.run_id,
-            "tenant": row.tenant,
-            "document_id": row.document_id,
-            "document_version": row.document_version,
-            "chunk_id": row.chunk_id,
-            "span": {"start": row.span_start, "end": row.span_end},
-            "score": row.score,
-            "branches": row.branches,
-            "retrieved_at": row.retrieved_at,
-            "locator": {"uri": row.uri, "page": row.page, "section": row.section},
-            "span_sha256": row.span_sha256,
-            "span_utf8": {"start": row.utf8_start, "end": row.utf8_end},
-            "span_utf16": {"start": row.utf16_start, "end": row.utf16_end},
+            "citation_id": row["citation_id"],
+            "run_id": row["run_id"],
+            "tenant": row["tenant"],
+            "document_id": row["document_id"],
+            "document_version": row["document_version"],
+            "chunk_id": row["chunk_id"],
+            "span": {"start": row["span_start"], "end": row["span_end"]},
+            "score": row["score"],
+            "branches": row["branches"],
+            "retrieved_at": row["retrieved_at"],
+            "locator": {"uri": row["uri"], "page": row["page"], "section": row["section"]},
+            "span_sha256": row["span_sha256"],
+            "span_utf8": {"start": row["utf8_start"], "end": row["utf8_end"]},
+            "span_utf16": {"start": row["utf16_start"], "end": row["utf16_end"]},
         }
     )
 
 
 async def get_citation(session: AsyncSession, *, tenant: str, citation_id: str) -> Citation:
     """One issued citation of `tenant`, or `NotFound`."""
-    row = await session.get(CitationRow, (tenant, citation_id))
+    rows = await session.execute(
+        select(CitationRow.__table__).where(
+            CitationRow.tenant == tenant, CitationRow.citation_id == citation_id
+        )
+    )
+    row = rows.mappings().one_or_none()
     if row is None:
         raise NotFound("no such citation")
     return from_row(row)
@@ -91,11 +97,11 @@ async def find_citations(
 ) -> dict[str, Citation]:
     """The issued citations of `tenant` among `citation_ids`, by id."""
     rows = await session.execute(
-        select(CitationRow).where(
+        select(CitationRow.__table__).where(
             CitationRow.tenant == tenant, CitationRow.citation_id.in_(list(citation_ids))
         )
     )
-    return {row.citation_id: from_row(row) for row in rows.scalars()}
+    return {row["citation_id"]: from_row(row) for row in rows.mappings()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select, text
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.types import Text
 
-from app import telemetry
+from app import db, telemetry
 from app.access.service import Principal
 from app.audit import chain
 from app.audit import service as audit
@@ -41,25 +39,21 @@ class RecordedRun:
     citations: list[Citation]
 
 
-_REGISTRY = text(
-    """
+# A driver statement in the request's transaction, as is the record: SQLAlchemy's per-statement
+# and per-row work costs more than either's round trip.
+_REGISTRY = """
     SELECT r.document_id, r.version, r.chunk_id, v.erased_at IS NOT NULL AS erased,
            v.uri AS version_uri, c.span_start, c.span_end, c.utf8_start, c.utf8_end,
            c.utf16_start, c.utf16_end, c.page, c.section, c.uri, c.span_sha256, c.span_hmac
-      FROM unnest(:documents, :versions, :chunks) AS r(document_id, version, chunk_id)
+      FROM unnest($2::text[], $3::text[], $4::text[]) AS r(document_id, version, chunk_id)
       JOIN document_versions v
-        ON v.tenant = :tenant AND v.document_id = r.document_id AND v.version = r.version
+        ON v.tenant = $1 AND v.document_id = r.document_id AND v.version = r.version
       LEFT JOIN chunks c
-        ON c.tenant = :tenant AND c.document_id = r.document_id AND c.version = r.version
+        ON c.tenant = $1 AND c.document_id = r.document_id AND c.version = r.version
        AND c.chunk_id = r.chunk_id
        -- An erasure in flight holds these rows FOR UPDATE: wait for it, then see it.
        FOR SHARE OF v
     """
-).bindparams(
-    bindparam("documents", type_=ARRAY(Text)),
-    bindparam("versions", type_=ARRAY(Text)),
-    bindparam("chunks", type_=ARRAY(Text)),
-)
 
 
 async def _registry(
@@ -69,10 +63,7 @@ async def _registry(
     if not wanted:
         return {}
     documents, versions, chunks = (list(column) for column in zip(*wanted, strict=True))
-    rows = await session.execute(
-        _REGISTRY,
-        {"tenant": tenant, "documents": documents, "versions": versions, "chunks": chunks},
-    )
+    rows = await db.fetch(session, _REGISTRY, tenant, documents, versions, chunks)
     found: dict[tuple[str, str], tuple[bool, str | None, dict[str, PinnedChunk]]] = {}
     # Unpacked by position, as _REGISTRY selects them: a row's attribute by name costs a lookup.
     for (
@@ -135,40 +126,31 @@ _CITATION_COLUMNS = (
 )
 
 # The run, its citations and its audit entry in one statement: one round trip, whatever the
-# number of results. Branches travel as JSON text, cast to jsonb by the server.
-_RECORD = text(
-    """
+# number of results. Parameters: the run's `_RUN_COLUMNS`, one array per `_CITATION_COLUMNS`,
+# then the audit entry's content hash. Branches travel as JSON text, cast to jsonb by the server.
+_RUN_COLUMNS = ("tenant", "run_id", "query", "scope", "retrieved_at", "key_id", "citation_count")
+_RECORD = """
     WITH run AS (
       INSERT INTO runs (tenant, run_id, query, scope, retrieved_at, key_id, citation_count)
-      VALUES (:tenant, :run_id, :query, :scope, :retrieved_at, :key_id, :citation_count)
+      VALUES ($1, $2, $3, $4, $5, $6, $7)
     ), issued AS (
       INSERT INTO citations (tenant, run_id, retrieved_at, citation_id, ordinal, document_id,
                              document_version, chunk_id, span_start, span_end, utf8_start,
                              utf8_end, utf16_start, utf16_end, score, branches, uri, page,
                              section, span_sha256, span_hmac)
-      SELECT CAST(:tenant AS text), CAST(:run_id AS text), CAST(:retrieved_at AS timestamptz),
-             c.citation_id, c.ordinal, c.document_id, c.document_version, c.chunk_id,
-             c.span_start, c.span_end, c.utf8_start, c.utf8_end, c.utf16_start, c.utf16_end,
-             c.score, CAST(c.branches AS jsonb), c.uri, c.page, c.section, c.span_sha256,
+      SELECT $1, $2, $5, c.citation_id, c.ordinal, c.document_id, c.document_version,
+             c.chunk_id, c.span_start, c.span_end, c.utf8_start, c.utf8_end, c.utf16_start,
+             c.utf16_end, c.score, c.branches::jsonb, c.uri, c.page, c.section, c.span_sha256,
              c.span_hmac
-        FROM unnest(CAST(:citation_id AS text[]), CAST(:ordinal AS int[]),
-                    CAST(:document_id AS text[]), CAST(:document_version AS text[]),
-                    CAST(:chunk_id AS text[]), CAST(:span_start AS int[]),
-                    CAST(:span_end AS int[]), CAST(:utf8_start AS int[]),
-                    CAST(:utf8_end AS int[]), CAST(:utf16_start AS int[]),
-                    CAST(:utf16_end AS int[]), CAST(:score AS float8[]),
-                    CAST(:branches AS text[]), CAST(:uri AS text[]), CAST(:page AS int[]),
-                    CAST(:section AS text[]), CAST(:span_sha256 AS text[]),
-                    CAST(:span_hmac AS text[]))
+        FROM unnest($8::text[], $9::int[], $10::text[], $11::text[], $12::text[], $13::int[],
+                    $14::int[], $15::int[], $16::int[], $17::int[], $18::int[],
+                    $19::float8[], $20::text[], $21::text[], $22::int[], $23::text[],
+                    $24::text[], $25::text[])
              AS c(citation_id, ordinal, document_id, document_version, chunk_id, span_start,
                   span_end, utf8_start, utf8_end, utf16_start, utf16_end, score, branches,
                   uri, page, section, span_sha256, span_hmac)
     )
-    """
-    + audit.entry_insert(
-        tenant=":tenant", kind="'run'", record_id=":run_id", content_sha256=":content_sha256"
-    )
-)
+    """ + audit.entry_insert(tenant="$1", kind="'run'", record_id="$2", content_sha256="$26")
 
 
 @telemetry.traced("grounding.cite")
@@ -215,13 +197,12 @@ async def record_run(
         name: [row[name] for row in rows] for name in _CITATION_COLUMNS
     }
     columns["branches"] = [json.dumps(branches) for branches in columns["branches"]]
-    await session.execute(
+    await db.fetch(
+        session,
         _RECORD,
-        {
-            **run,
-            **columns,
-            "content_sha256": chain.content_sha256(audit.run_content(run, rows)),
-        },
+        *(run[name] for name in _RUN_COLUMNS),
+        *(columns[name] for name in _CITATION_COLUMNS),
+        chain.content_sha256(audit.run_content(run, rows)),
     )
     return RecordedRun(run=Run(**run), citations=issued)
 
@@ -232,8 +213,8 @@ async def get_run(session: AsyncSession, *, tenant: str, run_id: str) -> Recorde
     if run is None:
         raise NotFound("no such run")
     rows = await session.execute(
-        select(CitationRow)
+        select(CitationRow.__table__)
         .where(CitationRow.tenant == tenant, CitationRow.run_id == run_id)
         .order_by(CitationRow.ordinal)
     )
-    return RecordedRun(run=run, citations=[citations.from_row(r) for r in rows.scalars()])
+    return RecordedRun(run=run, citations=[citations.from_row(r) for r in rows.mappings()])
