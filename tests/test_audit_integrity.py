@@ -17,7 +17,7 @@ from app.db import (
     scope_to_tenant,
 )
 from tests.conftest import Committed
-from tests.factories import policy_chunks, record_run, register_version
+from tests.factories import policy_chunks, record_run, register_version, results_for
 
 
 async def _history(c: Committed) -> dict[str, Any]:
@@ -87,6 +87,21 @@ async def test_untouched_log_verifies_through_an_erasure(committed: Committed) -
     assert report["range"]["first_seq"] == await _seq_of(committed, history["runs"][0])
     again = await _integrity(committed)
     assert (again["ok"], again["head"], again["checkpoints"]) == (True, report["head"], 1)
+
+
+async def test_runs_with_any_finite_scores_verify(committed: Committed) -> None:
+    # What the run's entry hashed is what its stored rows hash to again: negative zero, the
+    # smallest subnormal and the largest float included, as scores and as branch scores.
+    await register_version(committed.client, committed.keys)
+    [result] = results_for(policy_chunks()[:1])
+    scores = [-0.0, 0.1 + 0.2, 1e-05, 5e-324, 1.7976931348623157e308]
+    await record_run(
+        committed.client,
+        committed.keys,
+        results=[result | {"score": s, "branches": {"bm25": s, "vector": -s}} for s in scores],
+    )
+    report = await _integrity(committed)
+    assert (report["ok"], report["first_bad"], report["entries"]) == (True, None, 1)
 
 
 async def test_entries_written_after_a_check_are_sealed_by_the_next(committed: Committed) -> None:

@@ -108,8 +108,16 @@ def run_content(run: Mapping[str, Any], citations: Sequence[Mapping[str, Any]]) 
     ordered = sorted(citations, key=lambda c: int(c["ordinal"]))
     return {
         **{f: run[f] for f in _RUN_FIELDS},
-        "citations": [{f: c[f] for f in _CITATION_FIELDS} for c in ordered],
+        "citations": [_citation_content(c) for c in ordered],
     }
+
+
+def _citation_content(citation: Mapping[str, Any]) -> dict[str, Any]:
+    content = {f: citation[f] for f in _CITATION_FIELDS}
+    # Branch scores are floats, but jsonb gives one with no fraction back as an integer (1e16 as
+    # 10000000000000000): as floats, what was written and what is read back hash alike.
+    content["branches"] = {name: float(score) for name, score in citation["branches"].items()}
+    return content
 
 
 def verification_content(verification: Mapping[str, Any]) -> dict[str, Any]:

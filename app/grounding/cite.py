@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from app.grounding.errors import ConfigurationError
-from app.grounding.models import Branches, Citation, Frozen, Identifier, Locator, Span
+from app.grounding.models import Branches, Citation, Frozen, Identifier, Locator, Score, Span
 
 
 class RetrievalResult(Frozen):
@@ -35,7 +35,7 @@ class RetrievalResult(Frozen):
     version: Identifier | None = None
     start: Annotated[int, Field(ge=0)] | None = None
     end: Annotated[int, Field(ge=0)] | None = None
-    score: float | None = None
+    score: Score | None = None
     branches: Branches = Field(default_factory=dict)
 
 

@@ -30,8 +30,18 @@ Identifier = Annotated[str, Field(min_length=1, max_length=IDENTIFIER_BYTES), Af
 # would let one claim or citation be megabytes long.
 Prose = Annotated[str, Field(max_length=65_536)]
 LocatorText = Annotated[str, Field(max_length=4096)]
+
+
+def _unsigned_zero(value: float) -> float:
+    # Stored branches are jsonb, whose numbers have no negative zero: a -0.0 kept as given would
+    # be read back as 0.0, and a run's audit entry, hashed from what was given, would not verify.
+    return value + 0.0
+
+
+# A retriever's score; -0.0 is 0.0.
+Score = Annotated[float, AfterValidator(_unsigned_zero)]
 # Retrieval branches by name (`bm25`, `vector`, `rerank`, ...) and their scores.
-Branches = Annotated[dict[Annotated[str, Field(max_length=256)], float], Field(max_length=64)]
+Branches = Annotated[dict[Annotated[str, Field(max_length=256)], Score], Field(max_length=64)]
 # Ids one claim rests on. A claim's list of the wrong values is reported at its first bad item,
 # so that claims times ids cannot multiply into millions of errors.
 ClaimCitationIds = Annotated[tuple[Identifier, ...], Field(max_length=1000, fail_fast=True)]
