@@ -301,6 +301,28 @@ async def test_integer_score_is_a_valid_number(client: httpx.AsyncClient, keys: 
     assert body["citations"][0]["branches"] == {"bm25": 3.0}
 
 
+async def test_scores_and_branches_are_stored_exactly_as_given(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    await register_version(client, keys)
+    chunks = results_for(policy_chunks()[:1])
+    # Shortest round-trip forms, exponents, the smallest subnormal and the largest float.
+    scores = [0.1 + 0.2, 1e-05, 5e-324, 1.7976931348623157e308, 123456789.98765433]
+    results = [
+        chunks[0] | {"score": score, "branches": {"bm25": score, "vector": -score / 3}}
+        for score in scores
+    ]
+
+    body = await record_run(client, keys, results=results)
+    read = await client.get(f"/v1/runs/{body['run_id']}", headers=keys.headers("agent"))
+
+    for citations in (body["citations"], read.json()["citations"]):
+        assert [c["score"] for c in citations] == scores
+        assert [c["branches"] for c in citations] == [
+            {"bm25": score, "vector": -score / 3} for score in scores
+        ]
+
+
 async def test_run_with_zero_results_is_recorded_with_no_citations(
     client: httpx.AsyncClient, keys: Keys, connection: AsyncConnection
 ) -> None:
