@@ -115,7 +115,8 @@ def _span_attributes(
 
 
 # The verification, the citation ids it rests on and its audit entry in one statement: one round
-# trip, whatever the size of the answer. Parameters in `_RECORDED` order.
+# trip, whatever the size of the answer. Parameters in `_RECORDED` order, then the audit
+# entry's content hash.
 _RECORD = """
     WITH verification AS (
       INSERT INTO verifications (tenant, verification_id, run_id, key_id, outcome, code,
@@ -130,21 +131,7 @@ _RECORD = """
     """ + audit.entry_insert(
     tenant="$1", kind="'verification'", record_id="$2", content_sha256="$14"
 )
-_RECORDED = (
-    "tenant",
-    "verification_id",
-    "run_id",
-    "key_id",
-    "outcome",
-    "code",
-    "violations",
-    "claims",
-    "provenance",
-    "claim_count",
-    "citation_count",
-    "answer_sha256",
-    "created_at",
-)
+_RECORDED = ("tenant", *audit.VERIFICATION_FIELDS)
 
 
 @telemetry.traced("grounding.check")

@@ -77,7 +77,9 @@ _CITATION_FIELDS = (
     "span_hmac",
 )
 _RUN_FIELDS = ("run_id", "query", "scope", "retrieved_at", "key_id", "citation_count")
-_VERIFICATION_FIELDS = (
+# A verification's columns, its tenant aside: what its entry covers, in the order of the
+# statement that writes it (`app.answers.service`).
+VERIFICATION_FIELDS = (
     "verification_id",
     "run_id",
     "key_id",
@@ -122,7 +124,7 @@ def _citation_content(citation: Mapping[str, Any]) -> dict[str, Any]:
 
 def verification_content(verification: Mapping[str, Any]) -> dict[str, Any]:
     """What a verification's entry covers: the whole record."""
-    return {f: verification[f] for f in _VERIFICATION_FIELDS}
+    return {f: verification[f] for f in VERIFICATION_FIELDS}
 
 
 def erasure_content(erasure: Mapping[str, Any]) -> dict[str, Any]:
