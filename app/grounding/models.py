@@ -33,8 +33,9 @@ LocatorText = Annotated[str, Field(max_length=4096)]
 
 
 def _unsigned_zero(value: float) -> float:
-    # Stored branches are jsonb, whose numbers have no negative zero: a -0.0 kept as given would
-    # be read back as 0.0, and a run's audit entry, hashed from what was given, would not verify.
+    # A run's scores reach the database as JSON numbers and its branches stay jsonb, and those
+    # have no negative zero: a -0.0 kept as given would be read back as 0.0, and the run's audit
+    # entry, hashed from what was given, would not verify.
     return value + 0.0
 
 
