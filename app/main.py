@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +16,7 @@ from app.access.router import router as admin_router
 from app.answers.router import router as answers_router
 from app.audit.router import router as audit_router
 from app.citations.router import router as citations_router
+from app.collector import serving_collector
 from app.config import Settings, get_settings
 from app.db import (
     StatementPool,
@@ -88,11 +88,9 @@ def create_app(
             app.state.statements = StatementPool.for_engine(
                 engine, size=settings.statement_pool_size, timeout=settings.db_connect_timeout
             )
-        # What exists by now (modules, the app, its routes and schemas) lives as long as the
-        # process: frozen, no collection walks it again, where a full one took over 100 ms.
-        gc.freeze()
         try:
-            yield
+            with serving_collector():
+                yield
         finally:
             if app.state.statements is not None:
                 await app.state.statements.close()

@@ -1,8 +1,9 @@
 """The floor: what the stack alone costs, served the way `grounding serve` serves the service.
 
 The same framework (FastAPI), server (uvicorn with the same flags and worker count) and
-PostgreSQL as the service, on a raw asyncpg pool of the same size per worker, with two routes
-and nothing else: no authentication, no ORM, no row-level security, no audit. An operation's
+PostgreSQL as the service, on a raw asyncpg pool of the same size per worker, with the same
+garbage collector settings and two routes and nothing else: no authentication, no ORM, no
+row-level security, no audit. An operation's
 rate over its floor's says how much of the stack's capacity the service's own work leaves.
 
 - `GET /floor/read/{id}`: one primary-key read;
@@ -24,6 +25,8 @@ from typing import Any
 
 import asyncpg
 from fastapi import FastAPI, HTTPException, Request, status
+
+from app.collector import serving_collector
 
 TABLE = "bench_floor"
 URL_VARIABLE = "BENCH_FLOOR_DATABASE_URL"
@@ -78,7 +81,8 @@ def create_app() -> FastAPI:
         pool = await asyncpg.create_pool(url, min_size=1, max_size=pool_size, init=_init_connection)
         app.state.pool = pool
         try:
-            yield
+            with serving_collector():
+                yield
         finally:
             await pool.close()
 
