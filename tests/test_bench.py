@@ -1,11 +1,13 @@
-"""The benchmark's own parts: the floor app answers, its wrk scripts and profiles parse, and the
-seeder writes rows the service reads, cites and verifies as its own.
+"""The benchmark's own parts: the floor app answers, its wrk scripts and profiles parse, the open
+loop keeps its rate, and the seeder writes rows the service reads, cites and verifies as its own.
 
 The benchmark itself is not run here: it takes many minutes and its figures are no test.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import hashlib
 import hmac
 import secrets
@@ -16,7 +18,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from bench import floor, payloads, seed
-from bench.load import COUNTER, Load, lua_script
+from bench.load import COUNTER, Load, constant_rate, lua_script
 from bench.profile import hot_spots
 from tests.conftest import Committed, admin_execute, serving
 
@@ -63,6 +65,37 @@ def test_wrk_script_puts_a_fresh_value_in_each_countered_body() -> None:
     script = lua_script(Load("POST", (("/v", f'{{"version": "{COUNTER}"}}'),), tag="t1"))
     assert "prefix .. value .. suffix" in script
     assert COUNTER not in script
+
+
+async def test_the_open_loop_sends_at_its_rate_and_no_collection_runs_while_it_times() -> None:
+    collecting: list[bool] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                collecting.append(gc.isenabled())
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            pass  # the loop is done and closed its connection
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        measured = await constant_rate(
+            "127.0.0.1", port, Load("GET", (("/x", None),)), rate=200, seconds=0.5, connections=4
+        )
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert measured.requests == 100
+    assert measured.errors == measured.unexpected == 0
+    assert 0 < measured.p50_ms <= measured.p99_ms
+    assert collecting == [False] * 100
+    assert gc.isenabled()
 
 
 def test_hot_spots_count_own_and_total_samples_by_function() -> None:
