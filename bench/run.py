@@ -708,6 +708,11 @@ def measure_block(
                 for operation in measured:
                     result = block.results[operation.key]
                     rate = RATE_SHARE * result.rps
+                    # What the loads before it wrote (the registrations alone: hundreds of MB)
+                    # is vacuumed first. Left to autovacuum, it is taken up on autovacuum's own
+                    # schedule, inside a window (an excerpt's p50 went from 0.9 ms to 40 ms while
+                    # it ran), and timed as the operation's tail.
+                    asyncio.run(vacuum(libpq(url), (*WRITTEN_TABLES, floor.TABLE)))
                     settle(quiet)
                     result.open_loop = asyncio.run(
                         constant_rate(
