@@ -3,8 +3,8 @@
 The same framework (FastAPI), server (uvicorn with the same flags and worker count) and
 PostgreSQL as the service, on a raw asyncpg pool of the same size per worker, with the same
 garbage collector settings and two routes and nothing else: no authentication, no ORM, no
-row-level security, no audit. An operation's
-rate over its floor's says how much of the stack's capacity the service's own work leaves.
+row-level security, no audit. An operation's rate over its floor's says how much of the stack's
+capacity the service's own work leaves.
 
 - `GET /floor/read/{id}`: one primary-key read;
 - `POST /floor/write`: in one transaction, a read of the row the body names (`ref`) and an
