@@ -18,6 +18,7 @@ from tests.factories import (
     Keys,
     claim,
     many_chunks,
+    policy_chunks,
     record_run,
     register_version,
     results_for,
@@ -599,6 +600,46 @@ async def test_the_same_answer_twice_is_two_records_with_one_digest(
         second["verification_id"],
     ]
     assert rows[0]["answer_sha256"] == rows[1]["answer_sha256"] == answer_sha256(answer)
+
+
+async def test_digest_writes_small_scores_as_the_canonical_form_does(
+    client: httpx.AsyncClient, keys: Keys, connection: AsyncConnection
+) -> None:
+    await register_version(client, keys)
+    results = [
+        result | {"score": score, "branches": {"vector": score / 3, "bm25": 12.5}}
+        for result, score in zip(
+            results_for(policy_chunks()), (1e-05, 2.5e-07, 1e-10, 1e17), strict=True
+        )
+    ]
+    run = await record_run(client, keys, results=results)
+    answer = {"claims": [claim("A.", *ids(run))], "citations": run["citations"]}
+
+    body = await submit_answer(client, keys, run["run_id"], **answer)
+
+    [row] = await verification_rows(connection, verification_id=body["verification_id"])
+    assert row["answer_sha256"] == answer_sha256(answer)
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+async def test_answer_with_a_non_finite_score_is_a_validation_error_and_is_not_recorded(
+    client: httpx.AsyncClient, keys: Keys, connection: AsyncConnection, literal: str
+) -> None:
+    run = await policy_run(client, keys)
+    citations = [run["citations"][0] | {"score": 0.125}]
+    content = json.dumps({"claims": [claim("A.", ids(run)[0])], "citations": citations})
+
+    response = await client.post(
+        f"/v1/runs/{run['run_id']}/answers",
+        content=content.replace("0.125", literal).encode(),
+        headers=keys.headers("agent") | {"content-type": "application/json"},
+    )
+
+    assert response.status_code == 422
+    body = response.json()
+    assert body["code"] == "validation_error"
+    assert [e["loc"] for e in body["errors"]] == [["body", "citations", 0, "score"]]
+    assert await verification_rows(connection, run_id=run["run_id"]) == []
 
 
 async def test_record_keeps_claims_and_ids_never_the_submitted_citations(

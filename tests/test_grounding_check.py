@@ -546,6 +546,22 @@ def test_answer_models_refuse_unknown_fields() -> None:
         Claim.model_validate({"text": "A.", "citation_ids": [], "sources": []})
 
 
+@pytest.mark.parametrize("where", ["score", "branches"])
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+def test_answer_citations_refuse_scores_json_cannot_write(where: str, number: float) -> None:
+    carried = as_carried(issued_citation(0)).model_dump()
+    carried[where] = {"bm25": number} if where == "branches" else number
+
+    with pytest.raises(ValidationError, match="finite"):
+        AnswerCitation.model_validate(carried)
+
+
+def test_an_answers_negative_zero_score_is_kept_as_given() -> None:
+    carried = as_carried(issued_citation(0)).model_dump() | {"score": -0.0}
+
+    assert str(AnswerCitation.model_validate(carried).score) == "-0.0"
+
+
 # ---------------------------------------------------------------------------------------------
 # (d) the code is the first class present in the order
 

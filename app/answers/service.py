@@ -53,8 +53,7 @@ def answer_sha256(answer: CitedAnswer) -> str:
         del claim["quotes"]
     for citation in dumped["citations"]:
         del citation["span_sha256"]
-    canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return hashlib.sha256(chain.canonical(dumped)).hexdigest()
 
 
 # The run's citations in result order; one row of nulls when it issued none, and no row at all

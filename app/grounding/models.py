@@ -39,8 +39,10 @@ def _unsigned_zero(value: float) -> float:
     return value + 0.0
 
 
+# JSON has no NaN or infinity, and what is hashed has none either (`app.audit.chain`).
+Finite = Annotated[float, Field(allow_inf_nan=False)]
 # A retriever's score; -0.0 is 0.0.
-Score = Annotated[float, AfterValidator(_unsigned_zero)]
+Score = Annotated[Finite, AfterValidator(_unsigned_zero)]
 # Retrieval branches by name (`bm25`, `vector`, `rerank`, ...) and their scores.
 Branches = Annotated[dict[Annotated[str, Field(max_length=256)], Score], Field(max_length=64)]
 # Ids one claim rests on. A claim's list of the wrong values is reported at its first bad item,
@@ -111,7 +113,8 @@ class AnswerCitation(Frozen):
     run_id: Identifier | None = None
     chunk_id: Identifier | None = None
     span: Span | None = None
-    score: float | None = None
+    # Not a `Score`: the answer is hashed as given, and a -0.0 repeated from it stays -0.0.
+    score: Finite | None = None
     branches: Branches | None = None
     retrieved_at: datetime | None = None
     locator: Locator | None = None
