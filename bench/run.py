@@ -80,10 +80,25 @@ class Operation:
 
 @dataclass
 class Pair:
-    """One repeat: the floor's measurement, then the operation's."""
+    """One repeat: the floor's measurement, then the operation's, with the CPU seconds their
+    workers spent meanwhile."""
 
     floor: Measurement
     operation: Measurement
+    floor_cpu: float
+    operation_cpu: float
+
+    @property
+    def floor_cpu_ms(self) -> float:
+        return _per_request_ms(self.floor_cpu, self.floor)
+
+    @property
+    def operation_cpu_ms(self) -> float:
+        return _per_request_ms(self.operation_cpu, self.operation)
+
+
+def _per_request_ms(cpu: float, measured: Measurement) -> float:
+    return 1000 * cpu / measured.requests if measured.requests else 0.0
 
 
 @dataclass
@@ -127,6 +142,19 @@ class OperationResult:
     @property
     def p50_ratio(self) -> float:
         return self.median(lambda p: p.operation.p50_ms / p.floor.p50_ms if p.floor.p50_ms else 0)
+
+    @property
+    def cpu_ms(self) -> float:
+        """The workers' CPU per request: steadier than the rate when others share the cores."""
+        return self.median(lambda p: p.operation_cpu_ms)
+
+    @property
+    def cpu_ratio(self) -> float:
+        """The floor's CPU per request over the operation's, each repeat's: the rate ratio the
+        worker's own work allows, whatever wrk and PostgreSQL take of the cores."""
+        return self.median(
+            lambda p: p.floor_cpu_ms / p.operation_cpu_ms if p.operation_cpu_ms else 0.0
+        )
 
 
 @dataclass
@@ -239,6 +267,25 @@ def workers_of(process: subprocess.Popen[bytes], count: int) -> list[psutil.Proc
         if len(found) >= count or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
+
+
+def cpu_seconds(processes: Sequence[psutil.Process]) -> float:
+    """The user and system CPU time `processes` have used so far."""
+    return sum(sum(process.cpu_times()[:2]) for process in processes)
+
+
+def timed_load(
+    processes: Sequence[psutil.Process],
+    base_url: str,
+    load: Load,
+    *,
+    seconds: float,
+    connections: int,
+) -> tuple[Measurement, float]:
+    """A wrk measurement, and the CPU seconds `processes` spent while it ran."""
+    before = cpu_seconds(processes)
+    measured = run_wrk(base_url, load, seconds=seconds, connections=connections)
+    return measured, cpu_seconds(processes) - before
 
 
 def settle(
@@ -684,24 +731,28 @@ def measure_block(
                     )
                     floor_load = floor_loads[operation.kind]
                     settle(quiet)
-                    floor_measured = run_wrk(
-                        floor_url, floor_load, seconds=args.duration, connections=args.connections
+                    floor_measured, floor_cpu = timed_load(
+                        floor_workers,
+                        floor_url,
+                        floor_load,
+                        seconds=args.duration,
+                        connections=args.connections,
                     )
                     settle(quiet)
-                    pair = Pair(
-                        floor=floor_measured,
-                        operation=run_wrk(
-                            service_url,
-                            operation.load,
-                            seconds=args.duration,
-                            connections=args.connections,
-                        ),
+                    operation_measured, operation_cpu = timed_load(
+                        service_workers,
+                        service_url,
+                        operation.load,
+                        seconds=args.duration,
+                        connections=args.connections,
                     )
+                    pair = Pair(floor_measured, operation_measured, floor_cpu, operation_cpu)
                     result.pairs.append(pair)
                     say(
                         f"  [{repeat + 1}/{args.repeat}] {operation.key:<9}"
                         f" {pair.operation.rps:8.1f} req/s p50 {pair.operation.p50_ms:7.2f} ms"
-                        f" | floor {pair.floor.rps:8.1f} req/s p50 {pair.floor.p50_ms:6.2f} ms"
+                        f" {pair.operation_cpu_ms:6.2f} ms CPU | floor {pair.floor.rps:8.1f} req/s"
+                        f" p50 {pair.floor.p50_ms:6.2f} ms {pair.floor_cpu_ms:5.2f} ms CPU"
                         + _problems(pair)
                     )
             if not args.no_rate_check:
@@ -824,8 +875,18 @@ def report_block(block: Block) -> None:
         floor_rps = statistics.median(p.floor.rps for r in results for p in r.pairs)
         floor_p50 = statistics.median(p.floor.p50_ms for r in results for p in r.pairs)
         floor_p99 = statistics.median(p.floor.p99_ms for r in results for p in r.pairs)
+        floor_cpu = statistics.median(p.floor_cpu_ms for r in results for p in r.pairs)
         rows.append(
-            [f"floor {kind}", f"{floor_rps:.1f}", f"{floor_p50:.2f}", f"{floor_p99:.2f}", "1", "1"]
+            [
+                f"floor {kind}",
+                f"{floor_rps:.1f}",
+                f"{floor_p50:.2f}",
+                f"{floor_p99:.2f}",
+                "1",
+                "1",
+                f"{floor_cpu:.2f}",
+                "1",
+            ]
         )
         rows += [
             [
@@ -835,10 +896,24 @@ def report_block(block: Block) -> None:
                 f"{r.p99:.2f}",
                 f"{r.rps_ratio:.3f}",
                 f"{r.p50_ratio:.2f}",
+                f"{r.cpu_ms:.2f}",
+                f"{r.cpu_ratio:.3f}",
             ]
             for r in results
         ]
-    _table(["operation", "req/s", "p50 ms", "p99 ms", "req/s / floor", "p50 / floor"], rows)
+    _table(
+        [
+            "operation",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "req/s / floor",
+            "p50 / floor",
+            "CPU ms/req",
+            "floor CPU / CPU",
+        ],
+        rows,
+    )
     loops = [r for r in block.results.values() if r.open_loop is not None]
     if loops:
         say(f"open loop at {RATE_SHARE:.0%} of each operation's rate (latency from due time):")

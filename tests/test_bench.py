@@ -18,8 +18,9 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from bench import floor, payloads, seed
-from bench.load import COUNTER, Load, constant_rate, lua_script
+from bench.load import COUNTER, Load, Measurement, constant_rate, lua_script
 from bench.profile import hot_spots
+from bench.run import OperationResult, Pair
 from tests.conftest import Committed, admin_execute, serving
 
 
@@ -206,3 +207,21 @@ async def test_seeded_rows_are_the_services_own(
         "/v1/runs", json=payloads.run_body(spans), headers=keys.headers("agent")
     )
     assert again.status_code == 201, again.text
+
+
+def test_cpu_per_request_and_its_ratio_to_the_floor_are_taken_repeat_by_repeat() -> None:
+    def measured(requests: int) -> Measurement:
+        return Measurement(requests, 10.0, 1.0, 2.0, 0, 0)
+
+    result = OperationResult("verify", "verify", "write")
+    # Floor 1 ms and the operation 4 ms per request; then 2 ms and 5 ms; then 1 ms and 2 ms.
+    result.pairs += [
+        Pair(measured(1000), measured(250), floor_cpu=1.0, operation_cpu=1.0),
+        Pair(measured(1000), measured(200), floor_cpu=2.0, operation_cpu=1.0),
+        Pair(measured(500), measured(500), floor_cpu=0.5, operation_cpu=1.0),
+    ]
+
+    assert [p.operation_cpu_ms for p in result.pairs] == [4.0, 5.0, 2.0]
+    assert result.cpu_ms == 4.0
+    assert result.cpu_ratio == 0.4  # the middle of 0.25, 0.4 and 0.5
+    assert Pair(measured(0), measured(0), 1.0, 1.0).operation_cpu_ms == 0.0
