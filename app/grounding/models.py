@@ -60,6 +60,14 @@ class Frozen(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    def __eq__(self, other: object) -> bool:
+        # Equal when of one type with equal fields: with no extras and no private state, that is
+        # all BaseModel's general comparison finds, at a fifth of its cost (the check compares
+        # four per carried citation).
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
 
 class Span(Frozen):
     """A half-open range `[start, end)` of offsets."""
