@@ -546,6 +546,17 @@ def test_answer_models_refuse_unknown_fields() -> None:
         Claim.model_validate({"text": "A.", "citation_ids": [], "sources": []})
 
 
+def test_value_objects_are_equal_when_of_one_type_with_equal_fields() -> None:
+    span = Span(start=1, end=2)
+
+    assert span == Span(start=1, end=2)
+    assert hash(span) == hash(Span(start=1, end=2))
+    assert span != Span(start=1, end=3)
+    assert span != {"start": 1, "end": 2}
+    assert Locator(uri="u") != Locator(uri="u", page=1)
+    assert Locator() != Span(start=1, end=2)
+
+
 @pytest.mark.parametrize("where", ["score", "branches"])
 @pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
 def test_answer_citations_refuse_scores_json_cannot_write(where: str, number: float) -> None:
