@@ -6,18 +6,23 @@ import asyncio
 import hashlib
 import logging
 import re
+from datetime import UTC
 from typing import Any
 
 import asyncpg
 import httpx
+import pydantic_core
 import pytest
 from fastapi import FastAPI
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from app import db
 from app.access import service as access
 from app.citations import service as citations
+from app.citations.router import json_response
 from app.citations.schemas import ResolveRead
 from app.config import Settings
 from app.grounding.models import Excerpt, Tombstone
@@ -758,3 +763,25 @@ async def test_an_admin_reads_excerpts_as_the_tenant_it_names(
         assert POLICY_TEXT[cited["span"]["start"] : cited["span"]["end"]] in named.text
         assert unnamed.status_code in (200, 404)
         assert POLICY_TEXT[:12] not in unnamed.text
+
+
+# What a resolved row puts in a body: text of any code points a database can hold, offsets and
+# pages, flags, nulls, and the timestamps PostgreSQL gives back (UTC, to the microsecond).
+_row_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**31), max_value=2**31 - 1),
+    st.text(st.characters(exclude_categories=["Cs"])),
+    st.datetimes(timezones=st.just(UTC)),
+)
+
+
+@given(
+    st.recursive(
+        _row_values,
+        lambda inner: st.dictionaries(st.text(), inner, max_size=6) | st.lists(inner, max_size=6),
+        max_leaves=30,
+    )
+)
+def test_bodies_are_written_as_pydantic_writes_them(body: Any) -> None:
+    assert json_response(body).body == pydantic_core.to_json(body)
