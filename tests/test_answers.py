@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app import bodies
 from app.grounding.models import CitedAnswer
 from tests.conftest import statements_sent
 from tests.factories import (
@@ -787,3 +788,27 @@ async def test_verification_uses_the_same_statements_whatever_the_answer_size(
     assert any(s.startswith("RELEASE SAVEPOINT") for s in rejected_small)
     assert not any(s.startswith("ROLLBACK") for s in rejected_small)
     assert rejected_small == small
+
+
+async def test_an_answer_body_is_decoded_once_by_the_fast_decoder(
+    client: httpx.AsyncClient, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = await policy_run(client, keys)
+    decoded: list[bytes] = []
+    decode = bodies.loads
+
+    def counting(body: bytes) -> Any:
+        decoded.append(body)
+        return decode(body)
+
+    monkeypatch.setattr(bodies, "loads", counting)
+    answer = {"claims": [claim("A.", ids(run)[0])], "citations": run["citations"]}
+    # Its limits, its key's claim, its validation and the response kept with the key all read it.
+    response = await client.post(
+        f"/v1/runs/{run['run_id']}/answers",
+        json=answer,
+        headers=keys.headers("agent") | {"Idempotency-Key": "decoded-once"},
+    )
+
+    assert response.status_code == 200, response.text
+    assert [json.loads(body) for body in decoded] == [answer]

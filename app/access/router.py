@@ -7,9 +7,10 @@ from fastapi import APIRouter, Response, status
 from app.access import service as access
 from app.access.auth import AdminKey
 from app.access.schemas import KeyCreate, KeyCreated, KeyRead, TenantCreate, TenantRead
+from app.bodies import JSONBodyRoute
 from app.db import SessionDep
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=JSONBodyRoute)
 
 
 @router.post(

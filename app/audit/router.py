@@ -32,9 +32,10 @@ from app.audit.schemas import (
     VerificationAuditRead,
     VerificationFilters,
 )
+from app.bodies import JSONBodyRoute
 from app.db import SessionDep
 
-router = APIRouter(prefix="/v1/audit", tags=["audit"])
+router = APIRouter(prefix="/v1/audit", tags=["audit"], route_class=JSONBodyRoute)
 
 _CHECKED = [
     "every record's content hash, recomputed from its table",

@@ -11,13 +11,12 @@ its retry runs afresh.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Header, Request, Response
-from fastapi.routing import APIRoute
 
 from app.access.service import Principal
+from app.bodies import Handler, JSONBodyRoute
 from app.config import SettingsDep
 from app.db import SessionDep
 from app.errors import grounding_problem, keeps_work
@@ -89,7 +88,7 @@ def _kept(response: Response) -> KeptResponse:
     )
 
 
-class IdempotentRoute(APIRoute):
+class IdempotentRoute(JSONBodyRoute):
     """A route that keeps the response of a request that claimed a key, or replays it.
 
     The request's transaction is still open here: the session commits once the route handler
@@ -97,8 +96,8 @@ class IdempotentRoute(APIRoute):
     with the write.
     """
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handle = super().get_route_handler()
+    def handler(self) -> Handler:
+        handle = super().handler()
 
         async def handle_idempotently(request: Request) -> Response:
             try:
