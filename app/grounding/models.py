@@ -19,8 +19,12 @@ IDENTIFIER_BYTES = 256
 
 
 def _fits(value: str) -> str:
-    # Ids key composite indexes: bounded in bytes, so no key outgrows an index entry.
-    if len(value.encode("utf-8", "surrogatepass")) > IDENTIFIER_BYTES:
+    # Ids key composite indexes: bounded in bytes, so no key outgrows an index entry. A code
+    # point is four bytes at most, so a short id fits without being encoded.
+    if (
+        len(value) > IDENTIFIER_BYTES // 4
+        and len(value.encode("utf-8", "surrogatepass")) > IDENTIFIER_BYTES
+    ):
         raise ValueError(f"at most {IDENTIFIER_BYTES} bytes of UTF-8")
     return value
 
