@@ -216,10 +216,17 @@ def nests_deeper(body: bytes, limit: int) -> bool:
     a block at a time, at C speed; a block with too few openings to reach the limit is only
     counted. A body that is not balanced is left to the parser to refuse.
     """
-    # Escaped backslashes go first, so that what is left of `\"` is an escaped quote.
-    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    # Escaped backslashes go first, so that what is left of `\"` is an escaped quote. A body
+    # with no backslash has neither.
+    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in body else body
     marks = unescaped.translate(None, _NOT_MARKS)
-    steps = b"".join(marks.split(b'"')[::2]).translate(_STEPS)
+    # A string with no bracket in it leaves two quotes side by side. When taking such pairs out
+    # (from the left) leaves no quote, the first quote went with the second, the third with the
+    # fourth, and so on: the strings' own pairs, with nothing between. Else cut strings out.
+    brackets = marks.replace(b'""', b"")
+    if b'"' in brackets:
+        brackets = b"".join(marks.split(b'"')[::2])
+    steps = brackets.translate(_STEPS)
     level = 0
     for start in range(0, len(steps), _BLOCK):
         block = steps[start : start + _BLOCK]
