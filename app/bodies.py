@@ -57,12 +57,14 @@ class JSONBodyRequest(Request):
 class JSONBodyRoute(APIRoute):
     """A route whose body validation, dependencies and handler read the body with `loads`.
 
-    Every router's routes are of this class. A subclass wraps `handler()`, which is given the
+    Every route with a body is of this class. A subclass wraps `handler()`, which is given the
     request the rest of the route sees.
     """
 
     def get_route_handler(self) -> Handler:
         handle = self.handler()
+        if self.body_field is None:
+            return handle  # nothing to decode: no second request object on a read's hot path
 
         async def handle_json_body(request: Request) -> Response:
             return await handle(JSONBodyRequest(request.scope, request.receive))

@@ -32,10 +32,9 @@ from app.audit.schemas import (
     VerificationAuditRead,
     VerificationFilters,
 )
-from app.bodies import JSONBodyRoute
 from app.db import SessionDep
 
-router = APIRouter(prefix="/v1/audit", tags=["audit"], route_class=JSONBodyRoute)
+router = APIRouter(prefix="/v1/audit", tags=["audit"])
 
 _CHECKED = [
     "every record's content hash, recomputed from its table",
