@@ -36,6 +36,16 @@ from app.models import Chunk, CitationRow, Verification
 
 
 @dataclass(frozen=True, slots=True)
+class Passed:
+    """A grounded or refused answer's verification, as recorded."""
+
+    verification_id: str
+    outcome: str
+    provenance: list[str]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class VerifiedAnswer:
     """A recorded verification with the issued citations its claims name."""
 
@@ -136,7 +146,7 @@ _RECORDED = ("tenant", *audit.VERIFICATION_FIELDS)
 @telemetry.traced("grounding.check")
 async def verify_answer(
     session: AsyncSession, *, principal: Principal, run_id: str, answer: CitedAnswer
-) -> Verification:
+) -> Passed:
     """Check `answer` against run `run_id`, record the attempt, and raise if it is rejected."""
     issued = await _issued(session, principal.tenant, run_id)
     quoted = {quote.citation_id for claim in answer.claims for quote in claim.quotes}
@@ -184,7 +194,8 @@ async def verify_answer(
     if error is not None:
         error.verification_id = verification_id
         raise error
-    return Verification(**values)
+    # Not an ORM object: the record is written already, and building one costs 16 us.
+    return Passed(verification_id, outcome, provenance, values["created_at"])
 
 
 async def find_verification(
