@@ -30,7 +30,7 @@ from app.documents.router import router as documents_router
 from app.errors import Problem, ServiceUnavailable, install_error_handlers, problem_response
 from app.memory.router import router as memory_router
 from app.metrics import Metrics
-from app.middleware import NestingLimit, RequestGuard
+from app.middleware import RequestGuard
 from app.runs.router import router as runs_router
 from app.telemetry import instrument, otlp_tracer_provider
 
@@ -141,11 +141,13 @@ def create_app(
             generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )
 
-    app.add_middleware(NestingLimit, max_depth=settings.max_json_depth)
     provider = tracer_provider or exporting
     if provider is not None:
         instrument(app, provider)
     app.add_middleware(
-        RequestGuard, max_body_bytes=settings.max_body_bytes, metrics=app.state.metrics
+        RequestGuard,
+        max_body_bytes=settings.max_body_bytes,
+        max_depth=settings.max_json_depth,
+        metrics=app.state.metrics,
     )
     return app

@@ -1,13 +1,15 @@
-"""The outermost layer of every request: request id, body limit, the last-resort 500, and the
+"""The outermost layer of every request: request id, body limits, the last-resort 500, and the
 request's log line and metrics.
 
-The body is counted while it streams in and refused with 413 before anything parses it; a
-request whose client left before its body ended is not handled at all. An exception nothing
-else handled is answered as `internal_error` here, without re-raising, so its message (which
-may quote stored text) reaches no log and no client; a request cut off by a shutdown past its
-grace period is answered 503. Every request, whatever its end, is counted and timed by its
-route template (never the raw path, which is unbounded) and logged as one line: request id,
-tenant, route template, method, status and duration, nothing of the body or the query string.
+The body is counted while it streams in and refused with 413 before anything parses it; once
+whole, it is refused with 422 when it nests deeper than the limit, as parsers and validators
+recurse once a level. A request whose client left before its body ended is not handled at all.
+An exception nothing else handled is answered as `internal_error` here, without re-raising, so
+its message (which may quote stored text) reaches no log and no client; a request cut off by a
+shutdown past its grace period is answered 503. Every request, whatever its end, is counted and
+timed by its route template (never the raw path, which is unbounded) and logged as one line:
+request id, tenant, route template, method, status and duration, nothing of the body or the
+query string.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import fastapi.routing
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import InvalidRequest, PayloadTooLarge, internal_error, problem
+from app.errors import AppError, InvalidRequest, PayloadTooLarge, internal_error, problem
 from app.metrics import Metrics
 
 logger = logging.getLogger("app.requests")
@@ -55,12 +57,15 @@ class _Exchange:
 
 
 class RequestGuard:
-    """Assigns the request id, enforces the body limit, catches what nothing else did, and
+    """Assigns the request id, enforces the body limits, catches what nothing else did, and
     logs, counts and times every request."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: Metrics) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, max_depth: int, metrics: Metrics
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_depth = max_depth
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -99,10 +104,22 @@ class RequestGuard:
                 raise _BodyTooLarge
             body = await self._read_body(receive)
         except _BodyTooLarge:
-            await self._too_large(scope, receive, send_with_id)
+            too_large = PayloadTooLarge(
+                f"the body is over the limit of {self.max_body_bytes} bytes",
+                limit=self.max_body_bytes,
+            )
+            # The rest of the body is not read: the connection cannot serve another request.
+            await _refuse(too_large, scope, receive, send_with_id, close=True)
             return
         except _ClientDisconnected:
             # No one is left to answer, and a body cut short must never be handled as whole.
+            return
+        if body and nests_deeper(body, self.max_depth):
+            too_deep = InvalidRequest(
+                f"the body nests arrays and objects over {self.max_depth} levels deep",
+                limit=self.max_depth,
+            )
+            await _refuse(too_deep, scope, receive, send_with_id, close=False)
             return
 
         replayed = False
@@ -140,8 +157,7 @@ class RequestGuard:
         method = str(scope.get("method", ""))
         # No status: the client left before any response, so none was sent.
         status = str(exchange.status) if exchange.status is not None else "none"
-        self.metrics.requests.labels(route=route, method=method, status=status).inc()
-        self.metrics.latency.labels(route=route, method=method).observe(seconds)
+        self.metrics.observe_request(route=route, method=method, status=status, seconds=seconds)
         principal = scope.get("state", {}).get("principal")
         logger.info(
             "request",
@@ -171,13 +187,19 @@ class RequestGuard:
                 break
         return b"".join(chunks)
 
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = PayloadTooLarge(
-            f"the body is over the limit of {self.max_body_bytes} bytes", limit=self.max_body_bytes
-        )
-        response = problem(error.status, error.code, error.title, error.detail, **error.extensions)
+
+async def _refuse(
+    error: AppError,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    close: bool,
+) -> None:
+    response = problem(error.status, error.code, error.title, error.detail, **error.extensions)
+    if close:
         response.headers["connection"] = "close"
-        await response(scope, receive, send)
+    await response(scope, receive, send)
 
 
 def route_template(scope: Scope) -> str:
@@ -239,36 +261,3 @@ def nests_deeper(body: bytes, limit: int) -> bool:
             return True
         level = levels[-1]
     return False
-
-
-class NestingLimit:
-    """Refuses a body nested deeper than `max_depth` with 422 before anything parses it: JSON
-    parsers and validators recurse once a level. Inside `RequestGuard`, the body is whole."""
-
-    def __init__(self, app: ASGIApp, *, max_depth: int) -> None:
-        self.app = app
-        self.max_depth = max_depth
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        messages = [await receive()]
-        while messages[-1]["type"] == "http.request" and messages[-1].get("more_body", False):
-            messages.append(await receive())
-        if nests_deeper(b"".join(m.get("body", b"") for m in messages), self.max_depth):
-            error = InvalidRequest(
-                f"the body nests arrays and objects over {self.max_depth} levels deep",
-                limit=self.max_depth,
-            )
-            response = problem(
-                error.status, error.code, error.title, error.detail, **error.extensions
-            )
-            await response(scope, receive, send)
-            return
-        pending = iter(messages)
-
-        async def replay() -> Message:
-            return next(pending, None) or await receive()
-
-        await self.app(scope, replay, send)

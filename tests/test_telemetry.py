@@ -406,23 +406,29 @@ async def test_request_metrics_are_labelled_by_route_template_never_the_raw_path
     traced: Traced, settings: Settings
 ) -> None:
     client, keys = traced.client, traced.keys
-    await _call(client, "GET", "/v1/citations/cit_abcdef", keys.headers("support"), 404)
+    for _ in range(2):
+        await _call(client, "GET", "/v1/citations/cit_abcdef", keys.headers("support"), 404)
     await _call(client, "GET", "/v1/citations/cit_abcdef", {}, 401)
     await _call(client, "GET", "/no/such/place-xyz", {}, 404)
     await _call(client, "DELETE", "/v1/runs", keys.headers("agent"), 405)
     big = {"query": "x" * settings.max_body_bytes, "results": []}
     await _call(client, "POST", "/v1/runs", keys.headers("agent"), 413, big)
+    deep: Any = []
+    for _ in range(settings.max_json_depth):
+        deep = [deep]
+    await _call(client, "POST", "/v1/runs", keys.headers("agent"), 422, {"scope": deep})
     metrics = traced.metrics()
     for line in (
         'grounding_http_requests_total{method="GET",route="/v1/citations/{citation_id}",'
-        'status="404"} 1.0',
+        'status="404"} 2.0',
         'grounding_http_requests_total{method="GET",route="/v1/citations/{citation_id}",'
         'status="401"} 1.0',
         'grounding_http_requests_total{method="GET",route="unmatched",status="404"} 1.0',
         'grounding_http_requests_total{method="DELETE",route="/v1/runs",status="405"} 1.0',
         'grounding_http_requests_total{method="POST",route="/v1/runs",status="413"} 1.0',
+        'grounding_http_requests_total{method="POST",route="/v1/runs",status="422"} 1.0',
         'grounding_http_request_duration_seconds_count{method="GET",'
-        'route="/v1/citations/{citation_id}"} 2.0',
+        'route="/v1/citations/{citation_id}"} 3.0',
     ):
         assert line in metrics
     assert "cit_abcdef" not in metrics
