@@ -1,16 +1,18 @@
 """The database: declarative base, engine, sessions, and the request's transaction.
 
-The request owns the transaction: `get_session` begins it, commits before the response is sent
-and rolls back on any error, except a rejection that was recorded for audit, which commits its
-record and is then answered as the rejection it is.
+The request owns the transaction, in a session (`get_session`) or, for the hot writes, on the
+driver (`get_transaction`): it begins at the first statement, commits before the response is
+sent and rolls back on any error, except a rejection that was recorded for audit, which commits
+its record and is then answered as the rejection it is.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, TypeVar
 
 import asyncpg
 from alembic import command
@@ -35,6 +37,8 @@ from sqlalchemy.pool import NullPool
 import migrations
 from app.config import Settings
 from app.errors import database_unreachable, keeps_work
+
+T = TypeVar("T")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -94,23 +98,162 @@ def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
+class _Unit(Protocol):
+    """A request's transaction, in a session or on the driver."""
+
+    def in_transaction(self) -> bool: ...
+
+    async def commit(self) -> None: ...
+
+    async def rollback(self) -> None: ...
+
+
+@asynccontextmanager
+async def _ends_with_request(unit: _Unit) -> AsyncIterator[None]:
+    """Commit `unit` when the request's work is done; roll it back on any error, except a
+    rejection that was recorded for audit, which commits its record first."""
+    try:
+        yield
+    except BaseException as exc:
+        if keeps_work(exc):
+            await unit.commit()
+        else:
+            await unit.rollback()
+        raise
+    if unit.in_transaction():
+        await unit.commit()
+
+
 async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
     """One session and one transaction per request, committed before the response is sent."""
     sessionmaker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
-    async with sessionmaker() as session:
-        try:
-            yield session
-        except BaseException as exc:
-            if keeps_work(exc):
-                await session.commit()
-            else:
-                await session.rollback()
-            raise
-        if session.in_transaction():
-            await session.commit()
+    async with sessionmaker() as session, _ends_with_request(session):
+        yield session
 
 
 SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
+
+
+class Statements(Protocol):
+    """Where the statements of a request's transaction run: its session or the driver."""
+
+    async def fetch(self, statement: str, *arguments: object) -> Sequence[Columns]:
+        """The rows of `statement`, whose parameters are PostgreSQL's `$1`, `$2`, ..."""
+        ...
+
+
+class SessionStatements:
+    """A session's transaction as `Statements`: each statement through SQLAlchemy, so the first
+    begins the session's transaction as any other statement would."""
+
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def fetch(self, statement: str, *arguments: object) -> Sequence[Columns]:
+        connection = await self.session.connection()
+        result = await connection.exec_driver_sql(statement, arguments)
+        return result.mappings().all() if result.returns_rows else []
+
+
+class Transaction:
+    """The request's transaction on the driver: a connection of the engine's pool, and `BEGIN`,
+    each statement and the end all the driver's, with none of a session's or SQLAlchemy's
+    per-statement work. It begins at its first statement, so what that statement sets for the
+    transaction (`app.tenant`) holds for every later one.
+
+    It ends once, committed or rolled back; a connection whose `BEGIN` or end did not complete
+    is closed rather than given back to the pool. Given a connection already in a transaction
+    instead of an engine (an app whose sessions join one), it is a savepoint of that
+    transaction, as those sessions are.
+    """
+
+    def __init__(self, bind: AsyncEngine | AsyncConnection) -> None:
+        self._bind = bind
+        self._held: tuple[AsyncConnection, asyncpg.Connection] | None = None
+        self._ended = False
+
+    def in_transaction(self) -> bool:
+        return self._held is not None
+
+    async def fetch(self, statement: str, *arguments: object) -> list[Record]:
+        """The rows of `statement`, prepared and run by the driver in this transaction."""
+        connection, driver = self._held or await self._begin()
+        rows: list[Record] = await _on_driver(
+            connection, driver, statement, lambda: driver.fetch(statement, *arguments)
+        )
+        return rows
+
+    async def commit(self) -> None:
+        await self._end(commit=True)
+
+    async def rollback(self) -> None:
+        await self._end(commit=False)
+
+    async def _begin(self) -> tuple[AsyncConnection, asyncpg.Connection]:
+        if self._ended:
+            raise RuntimeError("the request's transaction has ended")
+        if isinstance(self._bind, AsyncConnection):
+            driver = await _driver(self._bind)
+            await _execute(self._bind, driver, "SAVEPOINT request")
+            self._held = self._bind, driver
+            return self._held
+        connection = await self._bind.connect()
+        try:
+            driver = await _driver(connection)
+            await _execute(connection, driver, "BEGIN")
+        except BaseException:
+            await _give_back(connection, clean=False)
+            raise
+        self._held = connection, driver
+        return self._held
+
+    async def _end(self, *, commit: bool) -> None:
+        held, self._held, self._ended = self._held, None, True
+        if held is None:
+            return
+        connection, driver = held
+        if connection is self._bind:
+            savepoint = "RELEASE SAVEPOINT request" if commit else "ROLLBACK TO SAVEPOINT request"
+            await _execute(connection, driver, savepoint)
+            return
+        if connection.invalidated:
+            # Lost with a statement, which failed as unreachable: the server ended the
+            # transaction, and nothing of it was kept.
+            await connection.close()
+            if commit:
+                raise OperationalError(
+                    "COMMIT",
+                    None,
+                    ConnectionError("the connection was lost before the commit"),
+                    hide_parameters=True,
+                    connection_invalidated=True,
+                )
+            return
+        clean = False
+        try:
+            await _execute(connection, driver, "COMMIT" if commit else "ROLLBACK")
+            clean = True
+        finally:
+            await _give_back(connection, clean=clean)
+
+
+async def _give_back(connection: AsyncConnection, *, clean: bool) -> None:
+    """Return `connection` to its pool; one whose statement did not end cleanly (failed, cut off,
+    cancelled) may still be in a transaction, and is closed instead."""
+    if not clean and not connection.invalidated:
+        await connection.invalidate()
+    await connection.close()
+
+
+async def get_transaction(request: Request) -> AsyncIterator[Transaction]:
+    """The request's transaction on the driver, committed before the response is sent."""
+    sessionmaker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
+    transaction = Transaction(sessionmaker.kw["bind"])
+    async with _ends_with_request(transaction):
+        yield transaction
+
+
+TransactionDep = Annotated[Transaction, Depends(get_transaction, scope="function")]
 
 
 async def scope_to_tenant(session: AsyncSession, tenant: str) -> None:
@@ -148,19 +291,42 @@ async def read(request: Request, statement: str, *arguments: object) -> list[Rec
         return await fetch(session, statement, *arguments)
 
 
+async def _driver(connection: AsyncConnection) -> asyncpg.Connection:
+    driver: asyncpg.Connection | None = (await connection.get_raw_connection()).driver_connection
+    assert driver is not None
+    return driver
+
+
 async def _fetch(
     connection: AsyncConnection, statement: str, arguments: tuple[object, ...]
 ) -> list[Record]:
-    driver = (await connection.get_raw_connection()).driver_connection
-    assert driver is not None
+    driver = await _driver(connection)
+    rows: list[Record] = await _on_driver(
+        connection, driver, statement, lambda: driver.fetch(statement, *arguments)
+    )
+    return rows
+
+
+async def _execute(connection: AsyncConnection, driver: asyncpg.Connection, statement: str) -> None:
+    """Run `statement` (no parameters, no rows: `BEGIN`, `COMMIT`) on the driver."""
+    await _on_driver(connection, driver, statement, lambda: driver.execute(statement))
+
+
+async def _on_driver(
+    connection: AsyncConnection,
+    driver: asyncpg.Connection,
+    statement: str,
+    run: Callable[[], Awaitable[T]],
+) -> T:
+    """What `run` (`statement` on `driver`) returns; its failure as SQLAlchemy's, as every
+    other statement's is: a lost connection is invalidated and answered 503."""
     try:
-        rows: list[Record] = await driver.fetch(statement, *arguments)
+        return await run()
     except _DRIVER_ERRORS as error:
         failure = _failure(statement, error, lost=driver.is_closed())
         if failure.connection_invalidated:
             await connection.invalidate(error)
         raise failure from error
-    return rows
 
 
 # What the driver raises when a statement fails or its connection does.

@@ -19,7 +19,7 @@ from app import db
 from app.access import service as access
 from app.access.service import Principal, Reader, Reads
 from app.audit import service as audit
-from app.db import SessionDep, scope_to_tenant
+from app.db import SessionDep, SessionStatements, Statements, TransactionDep, scope_to_tenant
 from app.errors import Forbidden, Unauthorized
 
 ACTING_TENANT = "x-grounding-tenant"
@@ -45,14 +45,37 @@ def require(
     async def authorize(
         request: Request, session: SessionDep, acting: ActingTenant = None
     ) -> Principal:
-        principal = await access.authenticate(session, secret=_bearer(request))
-        access.admitted(principal, allowed)
+        principal = await _admitted(request, SessionStatements(session), allowed)
         if acting is not None and acting != principal.tenant:
             principal = await _act_as(request, session, principal, acting, reads=reads)
         request.state.principal = principal
         return principal
 
     return authorize
+
+
+def require_in_transaction(
+    *scopes: str,
+) -> Callable[[Request, TransactionDep, ActingTenant], Awaitable[Principal]]:
+    """`require`, for writes done in the request's transaction on the driver (`db.Transaction`):
+    a write never acts as another tenant."""
+    allowed = frozenset(scopes)
+
+    async def authorize(
+        request: Request, transaction: TransactionDep, acting: ActingTenant = None
+    ) -> Principal:
+        principal = await _admitted(request, transaction, allowed)
+        if acting is not None and acting != principal.tenant:
+            raise _only_admin_reads_act()
+        request.state.principal = principal
+        return principal
+
+    return authorize
+
+
+async def _admitted(request: Request, statements: Statements, scopes: frozenset[str]) -> Principal:
+    principal = await access.authenticate(statements, secret=_bearer(request))
+    return access.admitted(principal, scopes)
 
 
 def _bearer(request: Request) -> str:
@@ -108,13 +131,15 @@ class _ActingReads:
             return await db.fetch(session, scoped, principal.tenant, *arguments)
 
 
+def _only_admin_reads_act() -> Forbidden:
+    return Forbidden(f"only an admin key reads as another tenant, and only reads ({ACTING_TENANT})")
+
+
 async def _act_as(
     request: Request, session: AsyncSession, admin: Principal, tenant: str, *, reads: bool
 ) -> Principal:
     if not reads or "admin" not in admin.scopes:
-        raise Forbidden(
-            f"only an admin key reads as another tenant, and only reads ({ACTING_TENANT})"
-        )
+        raise _only_admin_reads_act()
     await audit.record_admin_read(
         session,
         tenant=admin.tenant,
@@ -131,6 +156,8 @@ READERS = ("agent", "support", "admin")
 IngestKey = Annotated[Principal, Depends(require("ingest"))]
 IngestReadKey = Annotated[Principal, Depends(require("ingest", "admin", reads=True))]
 AgentKey = Annotated[Principal, Depends(require("agent"))]
+# An agent's key on a write done in the request's transaction on the driver.
+AgentWriteKey = Annotated[Principal, Depends(require_in_transaction("agent"))]
 ReaderKey = Annotated[Principal, Depends(require(*READERS, reads=True))]
 KeyedReads = Annotated[Reads, Depends(read_keyed(*READERS))]
 AuditKey = Annotated[Principal, Depends(require("audit", "admin"))]

@@ -19,11 +19,11 @@ from datetime import UTC, datetime
 from typing import Final, Protocol
 
 from asyncpg import Record
-from sqlalchemy import select, text, update
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db import Columns
+from app.db import Columns, Statements
 from app.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
 from app.models import ApiKey, Tenant
 
@@ -107,21 +107,19 @@ def _key_id_of(secret: str) -> str | None:
 
 # The key's row, and the transaction scoped to its tenant in the same round trip. Should the
 # secret not match, the request fails and its transaction is rolled back with the setting.
-_AUTHENTICATE = text(
+_AUTHENTICATE = (
     "SELECT tenant AS key_tenant, secret_sha256, scopes, revoked_at,"
     " set_config('app.tenant', tenant, true) AS scoped"
-    " FROM api_keys WHERE key_id = :key_id"
+    " FROM api_keys WHERE key_id = $1"
 )
 
 
-async def authenticate(session: AsyncSession, *, secret: str) -> Principal:
+async def authenticate(statements: Statements, *, secret: str) -> Principal:
     """The principal `secret` opens, with the transaction scoped to its tenant; or
     `Unauthorized`, which never says why."""
     key_id = _key_id_of(secret)
-    row = None
-    if key_id is not None:
-        row = (await session.execute(_AUTHENTICATE, {"key_id": key_id})).one_or_none()
-    return opened(secret, row._mapping if row is not None else None)
+    rows = await statements.fetch(_AUTHENTICATE, key_id) if key_id is not None else []
+    return opened(secret, rows[0] if rows else None)
 
 
 def opened(secret: str, stored: Columns | None) -> Principal:

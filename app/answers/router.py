@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from app.access.auth import AgentKey, ReaderKey
+from app.access.auth import AgentWriteKey, ReaderKey
 from app.answers import service as answers
 from app.answers.schemas import ClaimRead, VerificationPassed, VerificationRead
-from app.db import SessionDep
+from app.db import SessionDep, TransactionDep
 from app.grounding.models import CitedAnswer, prose
-from app.idempotency.route import Idempotent, IdempotentRoute
+from app.idempotency.route import IdempotentInTransaction, IdempotentRoute
 from app.limits import limit_items
 
 router = APIRouter(tags=["answers"], route_class=IdempotentRoute)
@@ -28,12 +28,12 @@ async def verify_answer(
     run_id: str,
     body: CitedAnswer,
     request: Request,
-    session: SessionDep,
-    principal: AgentKey,
-    idempotency: Idempotent,
+    transaction: TransactionDep,
+    principal: AgentWriteKey,
+    idempotency: IdempotentInTransaction,
 ) -> VerificationPassed:
     verification = await answers.verify_answer(
-        session, principal=principal, run_id=run_id, answer=body
+        transaction, principal=principal, run_id=run_id, answer=body
     )
     # A rejection raises, and is counted where it is answered (app.errors).
     request.app.state.metrics.verifications.labels(outcome=verification.outcome, code="").inc()

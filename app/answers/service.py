@@ -18,21 +18,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import db, telemetry
+from app import telemetry
 from app.access.service import Principal
 from app.audit import chain
 from app.audit import service as audit
 from app.citations import service as citations
+from app.db import Transaction
 from app.errors import NotFound
 from app.grounding.check import find_violations, rejection
 from app.grounding.errors import GroundingError
 from app.grounding.excerpt import citation_attributes
 from app.grounding.models import Citation, CitedAnswer
 from app.ids import new_id
-from app.models import Chunk, CitationRow, Verification
+from app.models import Verification
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +67,8 @@ def answer_sha256(answer: CitedAnswer) -> str:
 
 
 # The run's citations in result order; one row of nulls when it issued none, and no row at all
-# when there is no such run. A driver statement in the request's transaction, as is the record:
-# SQLAlchemy's per-statement and per-row work costs more than either's round trip.
+# when there is no such run. Every statement of a verification is the driver's, in the request's
+# transaction on it: SQLAlchemy's per-statement and per-row work costs more than their round trips.
 _ISSUED = """
     SELECT c.*
       FROM runs r
@@ -78,33 +78,30 @@ _ISSUED = """
     """
 
 
-async def _issued(session: AsyncSession, tenant: str, run_id: str) -> list[Citation]:
-    rows = await db.fetch(session, _ISSUED, tenant, run_id)
+async def _issued(transaction: Transaction, tenant: str, run_id: str) -> list[Citation]:
+    rows = await transaction.fetch(_ISSUED, tenant, run_id)
     if not rows:
         raise NotFound("no such run")
     return [citations.from_row(row) for row in rows if row["citation_id"] is not None]
 
 
+# The text of the chunks the run's citations among $3 pin; an erased version's chunks have none.
+_CITED_TEXTS = """
+    SELECT c.citation_id, ch.text
+      FROM citations c
+      JOIN chunks ch
+        ON ch.tenant = c.tenant AND ch.document_id = c.document_id
+       AND ch.version = c.document_version AND ch.chunk_id = c.chunk_id
+     WHERE c.tenant = $1 AND c.run_id = $2 AND c.citation_id = ANY($3::text[])
+       AND ch.text IS NOT NULL
+    """
+
+
 async def _cited_texts(
-    session: AsyncSession, tenant: str, run_id: str, citation_ids: set[str]
+    transaction: Transaction, tenant: str, run_id: str, citation_ids: set[str]
 ) -> dict[str, str]:
-    rows = await session.execute(
-        select(CitationRow.citation_id, Chunk.text)
-        .join(
-            Chunk,
-            (Chunk.tenant == CitationRow.tenant)
-            & (Chunk.document_id == CitationRow.document_id)
-            & (Chunk.version == CitationRow.document_version)
-            & (Chunk.chunk_id == CitationRow.chunk_id),
-        )
-        .where(
-            CitationRow.tenant == tenant,
-            CitationRow.run_id == run_id,
-            CitationRow.citation_id.in_(citation_ids),
-            Chunk.text.is_not(None),
-        )
-    )
-    return {row.citation_id: row.text for row in rows}
+    rows = await transaction.fetch(_CITED_TEXTS, tenant, run_id, sorted(citation_ids))
+    return dict(rows)
 
 
 def _span_attributes(
@@ -145,13 +142,15 @@ _RECORDED = ("tenant", *audit.VERIFICATION_FIELDS)
 
 @telemetry.traced("grounding.check")
 async def verify_answer(
-    session: AsyncSession, *, principal: Principal, run_id: str, answer: CitedAnswer
+    transaction: Transaction, *, principal: Principal, run_id: str, answer: CitedAnswer
 ) -> Passed:
     """Check `answer` against run `run_id`, record the attempt, and raise if it is rejected."""
-    issued = await _issued(session, principal.tenant, run_id)
+    issued = await _issued(transaction, principal.tenant, run_id)
     quoted = {quote.citation_id for claim in answer.claims for quote in claim.quotes}
     # Quotes need the cited characters: one more statement, only when there are quotes.
-    cited_texts = await _cited_texts(session, principal.tenant, run_id, quoted) if quoted else {}
+    cited_texts = (
+        await _cited_texts(transaction, principal.tenant, run_id, quoted) if quoted else {}
+    )
     violations = find_violations(answer, issued, tenant=principal.tenant, cited_texts=cited_texts)
     error = rejection(violations)
     if error is not None:
@@ -185,8 +184,7 @@ async def verify_answer(
         "violations": json.dumps(values["violations"]),
         "claims": json.dumps(values["claims"]),
     }
-    await db.fetch(
-        session,
+    await transaction.fetch(
         _RECORD,
         *(recorded[name] for name in _RECORDED),
         chain.content_sha256(audit.verification_content(values)),

@@ -1,10 +1,11 @@
 """`Idempotency-Key` on the writes over HTTP: a retry of a request gets the first response.
 
-A write that takes the `Idempotent` dependency (after its key) claims the header's key before it
-does anything else (`app.idempotency.service`); the route class then keeps what the write
-answers, its 2xx or a rejection recorded for audit, while the request's transaction is still
-open. A later request with the key and the same method, path and body is answered with that
-response and `Idempotent-Replayed: true`, and writes nothing; with anything else it is 422
+A write that takes the `Idempotent` dependency (after its key; `IdempotentInTransaction` for a
+write in the request's transaction on the driver) claims the header's key before it does
+anything else (`app.idempotency.service`); the route class then keeps what the write answers,
+its 2xx or a rejection recorded for audit, while the request's transaction is still open. A
+later request with the key and the same method, path and body is answered with that response
+and `Idempotent-Replayed: true`, and writes nothing; with anything else it is 422
 `idempotency_mismatch`. A failure that rolls back (401, 404, 409, 503, ...) keeps nothing, so
 its retry runs afresh.
 """
@@ -17,8 +18,8 @@ from fastapi import Depends, Header, Request, Response
 
 from app.access.service import Principal
 from app.bodies import Handler, JSONBodyRoute
-from app.config import SettingsDep
-from app.db import SessionDep
+from app.config import Settings, SettingsDep
+from app.db import SessionDep, SessionStatements, Statements, TransactionDep
 from app.errors import grounding_problem, keeps_work
 from app.idempotency import service as idempotency
 from app.idempotency.service import Claim, KeptResponse
@@ -53,7 +54,21 @@ class _Replayed(Exception):
 async def idempotent(
     request: Request, session: SessionDep, settings: SettingsDep, key: KeyHeader = None
 ) -> None:
-    """Claim `Idempotency-Key` for this request, or answer with what it first answered."""
+    """Claim `Idempotency-Key` for this request, in its session, or answer with what it first
+    answered."""
+    await _claim(request, SessionStatements(session), settings, key)
+
+
+async def idempotent_in_transaction(
+    request: Request, transaction: TransactionDep, settings: SettingsDep, key: KeyHeader = None
+) -> None:
+    """`idempotent`, for a write done in the request's transaction on the driver."""
+    await _claim(request, transaction, settings, key)
+
+
+async def _claim(
+    request: Request, statements: Statements, settings: Settings, key: str | None
+) -> None:
     if key is None:
         return
     # The route's key dependency ran before this one (a route lists this one after it), unless
@@ -67,7 +82,7 @@ async def idempotent(
     except ValueError:
         return  # not JSON: validating the body refuses the request
     found = await idempotency.claim_or_replay(
-        session,
+        statements,
         tenant=principal.tenant,
         key=key,
         fingerprint=idempotency.fingerprint(request.method, request.url.path, body),
@@ -79,6 +94,7 @@ async def idempotent(
 
 
 Idempotent = Annotated[None, Depends(idempotent, scope="function")]
+IdempotentInTransaction = Annotated[None, Depends(idempotent_in_transaction, scope="function")]
 
 
 def _kept(response: Response) -> KeptResponse:
@@ -91,9 +107,9 @@ def _kept(response: Response) -> KeptResponse:
 class IdempotentRoute(JSONBodyRoute):
     """A route that keeps the response of a request that claimed a key, or replays it.
 
-    The request's transaction is still open here: the session commits once the route handler
-    has returned (or raised a rejection that keeps its record), so the kept response commits
-    with the write.
+    The request's transaction is still open here: it commits once the route handler has
+    returned (or raised a rejection that keeps its record), so the kept response commits with
+    the write.
     """
 
     def handler(self) -> Handler:

@@ -18,52 +18,49 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.types import Text
 
+from app.db import Statements
 from app.errors import IdempotencyMismatch
 
 # Expired keys one claim deletes at most: a claim adds one row, so the purge keeps pace.
 _PURGED_PER_CLAIM = 16
 
-_CLAIM = text(
-    """
+# Parameters: tenant, key, fingerprint, ttl in seconds, keys purged at most.
+_CLAIM = """
     WITH purged AS (
         DELETE FROM idempotency_keys WHERE ctid IN (
             SELECT ctid FROM idempotency_keys
-             WHERE tenant = :tenant AND key <> :key
-               AND created_at < now() - make_interval(secs => :ttl)
-             LIMIT :purged FOR UPDATE SKIP LOCKED))
+             WHERE tenant = $1 AND key <> $2
+               AND created_at < now() - make_interval(secs => $4)
+             LIMIT $5 FOR UPDATE SKIP LOCKED))
     INSERT INTO idempotency_keys (tenant, key, fingerprint, created_at)
-    VALUES (:tenant, :key, :fingerprint, now())
+    VALUES ($1, $2, $3, now())
     ON CONFLICT (tenant, key) DO UPDATE
        SET fingerprint = EXCLUDED.fingerprint, created_at = EXCLUDED.created_at,
            status = NULL, content_type = NULL, body = NULL
-     WHERE idempotency_keys.created_at < now() - make_interval(secs => :ttl)
+     WHERE idempotency_keys.created_at < now() - make_interval(secs => $4)
     RETURNING true
     """
-)
 
-_KEPT = text(
+_KEPT = (
     "SELECT fingerprint, status, content_type, body FROM idempotency_keys"
-    " WHERE tenant = :tenant AND key = :key"
+    " WHERE tenant = $1 AND key = $2"
 )
 
-_KEEP = text(
-    """
+# Parameters: tenant, key, status, content type, body, the documents it names.
+_KEEP = """
     WITH kept AS (
-        UPDATE idempotency_keys SET status = :status, content_type = :content_type, body = :body
-         WHERE tenant = :tenant AND key = :key
+        UPDATE idempotency_keys SET status = $3, content_type = $4, body = $5
+         WHERE tenant = $1 AND key = $2
         RETURNING tenant, key)
     INSERT INTO idempotency_documents (tenant, document_id, key)
     SELECT kept.tenant, named.document_id, kept.key
-      FROM kept, unnest(CAST(:documents AS text[])) AS named(document_id)
+      FROM kept, unnest($6::text[]) AS named(document_id)
     -- Left by an expired claim of the key: it names the document all the same.
     ON CONFLICT DO NOTHING
     """
-).bindparams(bindparam("documents", type_=ARRAY(Text)))
 
 _FORGET = text(
     "DELETE FROM idempotency_keys k USING idempotency_documents d"
@@ -85,7 +82,7 @@ class KeptResponse:
 class Claim:
     """A key this transaction claimed: its response is to be kept before it commits."""
 
-    session: AsyncSession
+    statements: Statements
     tenant: str
     key: str
 
@@ -94,16 +91,14 @@ class Claim:
         documents = set(_document_ids(request_body)) | set(
             _document_ids(json.loads(response.body) if response.body else None)
         )
-        await self.session.execute(
+        await self.statements.fetch(
             _KEEP,
-            {
-                "tenant": self.tenant,
-                "key": self.key,
-                "status": response.status,
-                "content_type": response.content_type,
-                "body": response.body,
-                "documents": sorted(documents),
-            },
+            self.tenant,
+            self.key,
+            response.status,
+            response.content_type,
+            response.body,
+            sorted(documents),
         )
 
 
@@ -127,24 +122,25 @@ def _document_ids(value: Any) -> Iterator[str]:
 
 
 async def claim_or_replay(
-    session: AsyncSession, *, tenant: str, key: str, fingerprint: str, ttl: int
+    statements: Statements, *, tenant: str, key: str, fingerprint: str, ttl: int
 ) -> Claim | KeptResponse:
     """Claim `key` for this transaction, or the response it first had; or
     `IdempotencyMismatch` when it was first used with another request."""
-    claim = {"tenant": tenant, "key": key, "fingerprint": fingerprint, "ttl": ttl}
     # A second pass only when the kept row expired and was purged between the two statements.
     for _ in range(2):
-        claimed = await session.execute(_CLAIM, claim | {"purged": _PURGED_PER_CLAIM})
-        if claimed.scalar() is not None:
-            return Claim(session=session, tenant=tenant, key=key)
-        kept = (await session.execute(_KEPT, {"tenant": tenant, "key": key})).one_or_none()
-        if kept is None:
+        if await statements.fetch(_CLAIM, tenant, key, fingerprint, ttl, _PURGED_PER_CLAIM):
+            return Claim(statements=statements, tenant=tenant, key=key)
+        found = await statements.fetch(_KEPT, tenant, key)
+        if not found:
             continue
-        if kept.fingerprint != fingerprint:
+        kept = found[0]
+        if kept["fingerprint"] != fingerprint:
             raise IdempotencyMismatch(
                 "this Idempotency-Key was used with another request; use a new key for it"
             )
-        return KeptResponse(status=kept.status, content_type=kept.content_type, body=kept.body)
+        return KeptResponse(
+            status=kept["status"], content_type=kept["content_type"], body=kept["body"]
+        )
     raise RuntimeError("an idempotency key was neither claimed nor kept")
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, status
 
-from app.access.auth import AgentKey, ReaderKey
-from app.db import SessionDep
-from app.idempotency.route import Idempotent, IdempotentRoute
+from app.access.auth import AgentWriteKey, ReaderKey
+from app.db import SessionDep, TransactionDep
+from app.idempotency.route import IdempotentInTransaction, IdempotentRoute
 from app.limits import limit_items
 from app.runs import service as runs
 from app.runs.schemas import RunCreate, RunRead
@@ -37,12 +37,12 @@ def _read(recorded: RecordedRun) -> RunRead:
 async def record_run(
     body: RunCreate,
     request: Request,
-    session: SessionDep,
-    principal: AgentKey,
-    idempotency: Idempotent,
+    transaction: TransactionDep,
+    principal: AgentWriteKey,
+    idempotency: IdempotentInTransaction,
 ) -> RunRead:
     recorded = await runs.record_run(
-        session, principal=principal, query=body.query, scope=body.scope, results=body.results
+        transaction, principal=principal, query=body.query, scope=body.scope, results=body.results
     )
     request.app.state.metrics.citations_issued.inc(len(recorded.citations))
     return _read(recorded)

@@ -17,11 +17,12 @@ from pydantic_core import to_json
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import db, telemetry
+from app import telemetry
 from app.access.service import Principal
 from app.audit import chain
 from app.audit import service as audit
 from app.citations import service as citations
+from app.db import Transaction
 from app.errors import NotFound
 from app.grounding.cite import PinnedChunk, RegisteredVersion, RetrievalResult, cite
 from app.grounding.excerpt import citation_attributes
@@ -38,8 +39,8 @@ class RecordedRun:
     citations: list[Citation]
 
 
-# A driver statement in the request's transaction, as is the record: SQLAlchemy's per-statement
-# and per-row work costs more than either's round trip.
+# A run's statements are the driver's, in the request's transaction on it: SQLAlchemy's
+# per-statement and per-row work costs more than their round trips.
 _REGISTRY = """
     SELECT r.document_id, r.version, r.chunk_id, v.erased_at IS NOT NULL AS erased,
            v.uri AS version_uri, c.span_start, c.span_end, c.utf8_start, c.utf8_end,
@@ -56,13 +57,13 @@ _REGISTRY = """
 
 
 async def _registry(
-    session: AsyncSession, tenant: str, results: Sequence[RetrievalResult]
+    transaction: Transaction, tenant: str, results: Sequence[RetrievalResult]
 ) -> dict[tuple[str, str], RegisteredVersion]:
     wanted = sorted({(r.document_id, r.version, r.chunk_id) for r in results if r.version})
     if not wanted:
         return {}
     documents, versions, chunks = (list(column) for column in zip(*wanted, strict=True))
-    rows = await db.fetch(session, _REGISTRY, tenant, documents, versions, chunks)
+    rows = await transaction.fetch(_REGISTRY, tenant, documents, versions, chunks)
     found: dict[tuple[str, str], tuple[bool, str | None, dict[str, PinnedChunk]]] = {}
     # Unpacked by position, as _REGISTRY selects them: a row's attribute by name costs a lookup.
     for (
@@ -132,7 +133,7 @@ _RECORD = """
 
 @telemetry.traced("grounding.cite")
 async def record_run(
-    session: AsyncSession,
+    transaction: Transaction,
     *,
     principal: Principal,
     query: str | None,
@@ -141,7 +142,7 @@ async def record_run(
 ) -> RecordedRun:
     """Check every result, issue its citation, and record the run; or issue nothing."""
     telemetry.annotate({"adk.grounding.result_count": len(results)})
-    registry = await _registry(session, principal.tenant, results)
+    registry = await _registry(transaction, principal.tenant, results)
     run_id = new_id("run")
     retrieved_at = datetime.now(UTC)
     issued = cite(
@@ -170,8 +171,7 @@ async def record_run(
         )
         for i, c in enumerate(issued)
     ]
-    await db.fetch(
-        session,
+    await transaction.fetch(
         _RECORD,
         *(run[name] for name in _RUN_COLUMNS),
         to_json(rows).decode("utf-8"),
