@@ -15,15 +15,14 @@ from app.runs.service import RecordedRun
 router = APIRouter(prefix="/v1/runs", tags=["runs"], route_class=IdempotentRoute)
 
 
-def _read(recorded: RecordedRun) -> RunRead:
-    run = recorded.run
+def _read(run: RecordedRun) -> RunRead:
     return RunRead(
         run_id=run.run_id,
         tenant=run.tenant,
         query=run.query,
         scope=run.scope,
         retrieved_at=run.retrieved_at,
-        citations=recorded.citations,
+        citations=run.citations,
     )
 
 
