@@ -14,6 +14,8 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 # Every attribute a plain LogRecord has; whatever else a record carries came in `extra`.
 _RECORD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 # uvicorn adds a copy of its message with terminal colours to some records.
@@ -35,7 +37,12 @@ class JsonFormatter(logging.Formatter):
                 entry[name] = value
         if record.exc_info and record.exc_info[0] is not None:
             entry["exc_type"] = record.exc_info[0].__name__
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        # One line a request: orjson writes it in half the time. What it refuses (an integer
+        # past 64 bits, a key that is not a string) the standard encoder writes.
+        try:
+            return orjson.dumps(entry, default=str).decode()
+        except orjson.JSONEncodeError:
+            return json.dumps(entry, ensure_ascii=False, default=str)
 
 
 def logging_config(level: str = "INFO") -> dict[str, Any]:

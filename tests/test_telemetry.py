@@ -27,6 +27,8 @@ import asyncpg
 import httpx
 import pytest
 from fastapi import FastAPI
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -503,6 +505,33 @@ def test_the_json_formatter_writes_an_exception_as_its_type_alone() -> None:
     assert line["exc_type"] == "ValueError"
     assert line["message"] == "unhandled ValueError"
     assert not leaks(json.dumps(line, ensure_ascii=False), windows(DOCUMENT_TEXT))
+
+
+_LOGGED_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # past 64 bits too, which orjson refuses
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=8) | st.integers(), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(extra=st.dictionaries(st.from_regex(r"^x_[a-z]{1,8}$"), _LOGGED_VALUES, max_size=4))
+def test_the_json_formatter_writes_what_the_standard_encoder_would(extra: dict[str, Any]) -> None:
+    record = logging.getLogger("probe").makeRecord(
+        "probe", logging.INFO, __file__, 1, "request", (), None, extra=extra
+    )
+    line = JsonFormatter().format(record)
+    written = {name: value for name, value in json.loads(line).items() if name in extra}
+
+    assert "\n" not in line
+    # As the standard encoder writes it, read back: an integer key then reads as a string.
+    assert written == json.loads(json.dumps(extra, default=str))
 
 
 def test_serve_logs_json_and_keeps_sqlalchemy_statements_out() -> None:
