@@ -85,24 +85,24 @@ def _bearer(request: Request) -> str:
     return secret.strip()
 
 
-def read_keyed(*scopes: str) -> Callable[[Request, ActingTenant], Awaitable[Reads]]:
-    """A dependency for reads that open their key in their own statement (`access.keyed`): one
-    round trip for the whole request, with no session. An admin key naming a tenant to read as
-    reads in a transaction that opens it and records the read first, as `require` does."""
-    allowed = frozenset(scopes)
-    authorize = require(*scopes, reads=True)
+def keyed_reads(request: Request, acting: str | None, *scopes: str) -> Reads:
+    """Where the rows of a read come from when it opens its key in its own statement
+    (`access.keyed`): one round trip for the whole request, with no session. An admin key
+    naming a tenant to read as (`acting`) reads in a transaction that opens it and records the
+    read first, as `require` does."""
+    secret = _bearer(request)
+    if acting is not None:
+        authorize = require(*scopes, reads=True)
+        return _ActingReads(request=request, authorize=authorize, acting=acting)
 
-    async def reads(request: Request, acting: ActingTenant = None) -> Reads:
-        secret = _bearer(request)
-        if acting is not None:
-            return _ActingReads(request=request, authorize=authorize, acting=acting)
+    def on_open(principal: Principal) -> None:
+        request.state.principal = principal
 
-        def on_open(principal: Principal) -> None:
-            request.state.principal = principal
+    return _KeyedReads(request=request, reader=Reader(secret, frozenset(scopes), on_open))
 
-        return _KeyedReads(request=request, reader=Reader(secret, allowed, on_open))
 
-    return reads
+async def _keyed_readers(request: Request, acting: ActingTenant = None) -> Reads:
+    return keyed_reads(request, acting, *READERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +159,8 @@ AgentKey = Annotated[Principal, Depends(require("agent"))]
 # An agent's key on a write done in the request's transaction on the driver.
 AgentWriteKey = Annotated[Principal, Depends(require_in_transaction("agent"))]
 ReaderKey = Annotated[Principal, Depends(require(*READERS, reads=True))]
-KeyedReads = Annotated[Reads, Depends(read_keyed(*READERS))]
+# A reader's key, opened by the read's own statement; as a dependency, for a route whose body
+# must not be looked at before the key is (a route with no body calls `keyed_reads` itself).
+KeyedReads = Annotated[Reads, Depends(_keyed_readers)]
 AuditKey = Annotated[Principal, Depends(require("audit", "admin"))]
 AdminKey = Annotated[Principal, Depends(require("admin"))]
