@@ -58,29 +58,18 @@ async def test_its_statements_share_one_transaction_and_what_the_first_sets(
     assert second["tenant"] == "acme"
 
 
-async def test_a_commit_keeps_its_work_and_gives_the_connection_back_idle(
-    engine: AsyncEngine,
+@pytest.mark.parametrize(("end", "status"), [("commit", "committed"), ("rollback", "aborted")])
+async def test_its_end_decides_its_work_and_gives_the_connection_back_idle(
+    engine: AsyncEngine, end: str, status: str
 ) -> None:
     transaction = Transaction(engine)
     [row] = await transaction.fetch(XID)
     assert transaction.in_transaction()
 
-    await transaction.commit()
+    await getattr(transaction, end)()
 
     assert not transaction.in_transaction()
-    assert await _xact_status(engine, row["xid"]) == "committed"
-    assert await _backend_state(engine, row["pid"]) == "idle"
-
-
-async def test_a_rollback_drops_its_work_and_gives_the_connection_back_idle(
-    engine: AsyncEngine,
-) -> None:
-    transaction = Transaction(engine)
-    [row] = await transaction.fetch(XID)
-
-    await transaction.rollback()
-
-    assert await _xact_status(engine, row["xid"]) == "aborted"
+    assert await _xact_status(engine, row["xid"]) == status
     assert await _backend_state(engine, row["pid"]) == "idle"
 
 
