@@ -1,4 +1,5 @@
-"""The request's principal: its key opened, its scope checked, the session scoped to its tenant.
+"""The request's principal: its key opened, its scope checked, its transaction (in a session, or
+on the driver) scoped to its tenant.
 
 An admin key reads what the other scopes read, of any tenant it names in `X-Grounding-Tenant`:
 the read is recorded in the admin's own audit log first, then the session is scoped to the
