@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import gc
+import re
+
+import httpx
+from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
 from app.collector import YOUNG_COLLECTION_THRESHOLD
 from app.config import Settings
@@ -34,3 +39,23 @@ async def test_young_objects_are_collected_less_often_while_it_serves(
     finally:
         gc.set_threshold(*original)
         gc.unfreeze()
+
+
+async def test_every_route_is_reached_by_its_own_path(app: FastAPI) -> None:
+    # The routers are ordered by how often they are called: no route may shadow another's path.
+    reached: dict[str, str] = {}
+
+    async def recording(scope: Scope, receive: Receive, send: Send) -> None:
+        await app(scope, receive, send)
+        reached[f"{scope['method']} {scope['path']}"] = scope["route"].name
+
+    operations = [
+        (method.upper(), re.sub(r"\{[^}]+\}", "x1", path), operation["operationId"])
+        for path, item in app.openapi()["paths"].items()
+        for method, operation in item.items()
+    ]
+    transport = httpx.ASGITransport(app=recording)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        for method, path, _ in operations:
+            await client.request(method, path)
+    assert reached == {f"{method} {path}": name for method, path, name in operations}
