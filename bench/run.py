@@ -81,12 +81,14 @@ class Operation:
 @dataclass
 class Pair:
     """One repeat: the floor's measurement, then the operation's, with the CPU seconds their
-    workers spent meanwhile."""
+    workers spent meanwhile, and PostgreSQL's (None when the server is not on this machine)."""
 
     floor: Measurement
     operation: Measurement
     floor_cpu: float
     operation_cpu: float
+    floor_database_cpu: float | None = None
+    operation_database_cpu: float | None = None
 
     @property
     def floor_cpu_ms(self) -> float:
@@ -95,6 +97,18 @@ class Pair:
     @property
     def operation_cpu_ms(self) -> float:
         return _per_request_ms(self.operation_cpu, self.operation)
+
+    @property
+    def floor_database_cpu_ms(self) -> float | None:
+        if self.floor_database_cpu is None:
+            return None
+        return _per_request_ms(self.floor_database_cpu, self.floor)
+
+    @property
+    def operation_database_cpu_ms(self) -> float | None:
+        if self.operation_database_cpu is None:
+            return None
+        return _per_request_ms(self.operation_database_cpu, self.operation)
 
 
 def _per_request_ms(cpu: float, measured: Measurement) -> float:
@@ -147,6 +161,13 @@ class OperationResult:
     def cpu_ms(self) -> float:
         """The workers' CPU per request: steadier than the rate when others share the cores."""
         return self.median(lambda p: p.operation_cpu_ms)
+
+    @property
+    def database_cpu_ms(self) -> float | None:
+        """PostgreSQL's CPU per request: what the operation's statements cost the server, which
+        shares the cores with the workers."""
+        found = [p.operation_database_cpu_ms for p in self.pairs]
+        return statistics.median(f for f in found if f is not None) if None not in found else None
 
     @property
     def cpu_ratio(self) -> float:
@@ -274,18 +295,60 @@ def cpu_seconds(processes: Sequence[psutil.Process]) -> float:
     return sum(sum(process.cpu_times()[:2]) for process in processes)
 
 
+def server_process(url: str) -> psutil.Process | None:
+    """PostgreSQL's postmaster at `url`, when it runs on this machine and can be read."""
+
+    async def postmaster() -> psutil.Process | None:
+        connection = await asyncpg.connect(url)
+        try:
+            # Looked up while the backend lives: it ends with its connection.
+            backend = psutil.Process(await connection.fetchval("SELECT pg_backend_pid()"))
+            parent = backend.parent()
+            if parent is None or "postgres" not in parent.name():
+                return None
+            parent.cpu_times()
+            return parent
+        except psutil.Error:
+            # Another machine's server (a process here with that pid is not it), or not ours.
+            return None
+        finally:
+            await connection.close()
+
+    return asyncio.run(postmaster())
+
+
+def database_cpu_seconds(postmaster: psutil.Process | None) -> dict[int, float] | None:
+    """The CPU time so far of each of the server's processes (backends come and go)."""
+    if postmaster is None:
+        return None
+    times = {}
+    for process in postmaster.children():
+        try:
+            times[process.pid] = sum(process.cpu_times()[:2])
+        except psutil.Error:
+            continue
+    return times
+
+
 def timed_load(
     processes: Sequence[psutil.Process],
+    postmaster: psutil.Process | None,
     base_url: str,
     load: Load,
     *,
     seconds: float,
     connections: int,
-) -> tuple[Measurement, float]:
-    """A wrk measurement, and the CPU seconds `processes` spent while it ran."""
-    before = cpu_seconds(processes)
+) -> tuple[Measurement, float, float | None]:
+    """A wrk measurement, and the CPU seconds `processes` and the database server spent while it
+    ran (a backend that ended meanwhile is missed: the pools keep theirs)."""
+    before, database_before = cpu_seconds(processes), database_cpu_seconds(postmaster)
     measured = run_wrk(base_url, load, seconds=seconds, connections=connections)
-    return measured, cpu_seconds(processes) - before
+    spent = cpu_seconds(processes) - before
+    database_after = database_cpu_seconds(postmaster)
+    if database_before is None or database_after is None:
+        return measured, spent, None
+    database_spent = sum(t - database_before.get(pid, 0.0) for pid, t in database_after.items())
+    return measured, spent, database_spent
 
 
 def settle(
@@ -714,6 +777,7 @@ def measure_block(
             preflight(service_url, operation.load, operation.label)
         service_workers = workers_of(service, workers)
         floor_workers = workers_of(floor_app, workers)
+        postmaster = server_process(libpq(url))
         with MemoryWatch(service_workers) as memory, MemoryWatch(floor_workers) as floor_memory:
             say(f"  warming up ({args.warmup:g} s each)")
             for load in floor_loads.values():
@@ -731,28 +795,39 @@ def measure_block(
                     )
                     floor_load = floor_loads[operation.kind]
                     settle(quiet)
-                    floor_measured, floor_cpu = timed_load(
+                    floor_measured, floor_cpu, floor_database_cpu = timed_load(
                         floor_workers,
+                        postmaster,
                         floor_url,
                         floor_load,
                         seconds=args.duration,
                         connections=args.connections,
                     )
                     settle(quiet)
-                    operation_measured, operation_cpu = timed_load(
+                    operation_measured, operation_cpu, operation_database_cpu = timed_load(
                         service_workers,
+                        postmaster,
                         service_url,
                         operation.load,
                         seconds=args.duration,
                         connections=args.connections,
                     )
-                    pair = Pair(floor_measured, operation_measured, floor_cpu, operation_cpu)
+                    pair = Pair(
+                        floor_measured,
+                        operation_measured,
+                        floor_cpu,
+                        operation_cpu,
+                        floor_database_cpu,
+                        operation_database_cpu,
+                    )
                     result.pairs.append(pair)
                     say(
                         f"  [{repeat + 1}/{args.repeat}] {operation.key:<9}"
                         f" {pair.operation.rps:8.1f} req/s p50 {pair.operation.p50_ms:7.2f} ms"
-                        f" {pair.operation_cpu_ms:6.2f} ms CPU | floor {pair.floor.rps:8.1f} req/s"
-                        f" p50 {pair.floor.p50_ms:6.2f} ms {pair.floor_cpu_ms:5.2f} ms CPU"
+                        f" {pair.operation_cpu_ms:6.2f} ms CPU"
+                        f" (DB {_ms(pair.operation_database_cpu_ms)})"
+                        f" | floor {pair.floor.rps:8.1f} req/s p50 {pair.floor.p50_ms:6.2f} ms"
+                        f" {pair.floor_cpu_ms:5.2f} ms CPU (DB {_ms(pair.floor_database_cpu_ms)})"
                         + _problems(pair)
                     )
             if not args.no_rate_check:
@@ -789,6 +864,10 @@ def measure_block(
         block.floor_peak_rss_mb = floor_memory.peaks
     block.rows_after = asyncio.run(row_counts(url))
     return block
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "-"
 
 
 def _problems(pair: Pair) -> str:
@@ -876,6 +955,12 @@ def report_block(block: Block) -> None:
         floor_p50 = statistics.median(p.floor.p50_ms for r in results for p in r.pairs)
         floor_p99 = statistics.median(p.floor.p99_ms for r in results for p in r.pairs)
         floor_cpu = statistics.median(p.floor_cpu_ms for r in results for p in r.pairs)
+        floor_database = [p.floor_database_cpu_ms for r in results for p in r.pairs]
+        floor_database_cpu = (
+            statistics.median(f for f in floor_database if f is not None)
+            if None not in floor_database
+            else None
+        )
         rows.append(
             [
                 f"floor {kind}",
@@ -886,6 +971,7 @@ def report_block(block: Block) -> None:
                 "1",
                 f"{floor_cpu:.2f}",
                 "1",
+                _ms(floor_database_cpu),
             ]
         )
         rows += [
@@ -898,6 +984,7 @@ def report_block(block: Block) -> None:
                 f"{r.p50_ratio:.2f}",
                 f"{r.cpu_ms:.2f}",
                 f"{r.cpu_ratio:.3f}",
+                _ms(r.database_cpu_ms),
             ]
             for r in results
         ]
@@ -911,6 +998,7 @@ def report_block(block: Block) -> None:
             "p50 / floor",
             "CPU ms/req",
             "floor CPU / CPU",
+            "DB CPU ms/req",
         ],
         rows,
     )

@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from bench import floor, payloads, seed
 from bench.load import COUNTER, Load, Measurement, constant_rate, lua_script
 from bench.profile import hot_spots
-from bench.run import OperationResult, Pair
+from bench.run import OperationResult, Pair, database_cpu_seconds, server_process
 from tests.conftest import Committed, admin_execute, serving
 
 
@@ -225,3 +225,32 @@ def test_cpu_per_request_and_its_ratio_to_the_floor_are_taken_repeat_by_repeat()
     assert result.cpu_ms == 4.0
     assert result.cpu_ratio == 0.4  # the middle of 0.25, 0.4 and 0.5
     assert Pair(measured(0), measured(0), 1.0, 1.0).operation_cpu_ms == 0.0
+    assert result.database_cpu_ms is None  # no server's figures: none is made up
+    result.pairs = [
+        Pair(measured(100), measured(100), 1.0, 1.0, 0.1, operation_database_cpu=spent)
+        for spent in (0.3, 0.1, 0.2)
+    ]
+    assert result.database_cpu_ms == 2.0
+    assert result.pairs[0].floor_database_cpu_ms == 1.0
+
+
+def test_the_database_servers_cpu_is_read_off_its_processes(floor_url: str) -> None:
+    postmaster = server_process(floor_url)
+    assert postmaster is not None
+    before = database_cpu_seconds(postmaster)
+
+    async def busy_backend() -> None:
+        connection = await asyncpg.connect(floor_url)
+        try:
+            await connection.fetchval("SELECT count(*) FROM generate_series(1, 2000000)")
+            pid: int = await connection.fetchval("SELECT pg_backend_pid()")
+            after = database_cpu_seconds(postmaster)
+        finally:
+            await connection.close()
+        assert before is not None
+        assert after is not None
+        # A backend that began after the first reading: all of its time counts.
+        assert pid not in before
+        assert after[pid] > 0.05
+
+    asyncio.run(busy_backend())
