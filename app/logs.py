@@ -21,6 +21,14 @@ _RECORD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "a
 # uvicorn adds a copy of its message with terminal colours to some records.
 _DROPPED = frozenset({"color_message"})
 
+# A line has no source location, thread or process name: a record need not find them, which
+# every record otherwise does (the frame walk alone is most of a record's cost). The logging
+# HOWTO's own optimisations; set on import, in every process that formats with this module.
+logging._srcfile = None
+logging.logThreads = False
+logging.logProcesses = False
+logging.logMultiprocessing = False
+
 
 class JsonFormatter(logging.Formatter):
     """A record as one JSON object: time, level, logger, message, and its `extra` fields."""
