@@ -64,6 +64,25 @@ async def test_no_more_than_its_size_are_open_and_a_read_waits_for_one(
     assert len({row["pid"] for [row] in rows}) == 2
 
 
+async def test_a_statement_is_planned_once_for_its_connection_not_on_every_run(
+    engine: AsyncEngine,
+) -> None:
+    # Left to choose, the server plans each of the first five runs anew, and may go on so.
+    pool = StatementPool.for_engine(engine, size=1, timeout=0.5)
+    statement = "SELECT count(*) AS n FROM api_keys WHERE key_id = $1"
+    try:
+        for _ in range(3):
+            await pool.fetch(statement, "key_none")
+        [plans] = await pool.fetch(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+            statement,
+        )
+    finally:
+        await pool.close()
+
+    assert (plans["generic_plans"], plans["custom_plans"]) == (3, 0)
+
+
 async def test_a_read_that_waits_past_the_timeout_is_a_database_unreachable_error(
     engine: AsyncEngine,
 ) -> None:
