@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
+from fastapi.telemetry import TelemetryConfig
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -46,6 +47,18 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
         422: "Invalid request, or a grounding rule broken",
         503: "The database cannot be reached; retry after Retry-After seconds",
     }.items()
+}
+
+# The service's telemetry is its own (`app.telemetry`: spans without text or query strings,
+# Prometheus metrics, JSON log lines). FastAPI's native layer would add a second, unsanitized
+# stream of each whenever the process has a global provider (or FASTAPI_OTEL_AUTO_CONFIGURE
+# makes one from the OTLP endpoint the service is given), and looks those providers up on
+# every request to find out.
+_NO_NATIVE_TELEMETRY: TelemetryConfig = {
+    "tracing": False,
+    "metrics": False,
+    "logs": False,
+    "auto_configure": False,
 }
 
 
@@ -105,6 +118,7 @@ def create_app(
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
         responses=PROBLEM_RESPONSES,
+        telemetry=_NO_NATIVE_TELEMETRY,
     )
     app.openapi = _with_problem_schema(app)  # type: ignore[method-assign]
     app.state.metrics = Metrics()

@@ -29,8 +29,11 @@ import pytest
 from fastapi import FastAPI
 from hypothesis import given
 from hypothesis import strategies as st
+from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -607,6 +610,32 @@ async def test_the_embedded_server_log_does_not_quote_a_failing_row_or_statement
         await asyncio.sleep(0.1)
     assert f'duplicate key value violates unique constraint "{marker}_v"' in written
     assert secret not in written
+
+
+async def test_a_global_provider_gets_no_span_or_metric_from_the_framework(
+    client: httpx.AsyncClient, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What auto-instrumentation installs: FastAPI would trace and count every request with it,
+    # query string and all, beside the service's own telemetry.
+    exporter = InMemorySpanExporter()
+    tracers = TracerProvider()
+    tracers.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: tracers)
+    monkeypatch.setattr(metrics, "get_meter_provider", lambda: meters)
+    try:
+        response = await client.get(
+            "/v1/citations/cit_none/excerpt?note=Zorbulant", headers=keys.headers("support")
+        )
+        assert response.status_code == 404
+        collected = reader.get_metrics_data()
+    finally:
+        tracers.shutdown()
+        meters.shutdown()
+
+    assert exporter.get_finished_spans() == ()
+    assert collected is None or not collected.resource_metrics
 
 
 async def test_tracing_is_off_without_an_endpoint(settings: Settings) -> None:
