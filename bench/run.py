@@ -26,11 +26,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import asyncpg
 import httpx
@@ -63,8 +63,10 @@ WRITTEN_TABLES = (*SEEDED_TABLES, "verifications", "verification_citations")
 
 MACHINE_NOTE = (
     "{cpus} CPU(s): wrk (one thread), the service's workers, the floor's workers and PostgreSQL"
-    " all share them, with whatever else runs on this machine. Absolute figures are noisy;"
-    " the ratios, measured minutes apart in the same run, are what counts."
+    " all share them, with whatever else runs on this machine; on a virtual machine the"
+    " hypervisor also takes ('steals') part of their time for other guests, shown as 'stolen'."
+    " Absolute figures are noisy; the ratios, measured minutes apart in the same run, are what"
+    " counts."
 )
 
 
@@ -81,7 +83,8 @@ class Operation:
 @dataclass
 class Pair:
     """One repeat: the floor's measurement, then the operation's, with the CPU seconds their
-    workers spent meanwhile, and PostgreSQL's (None when the server is not on this machine)."""
+    workers spent meanwhile, PostgreSQL's (None when the server is not on this machine), and the
+    share of the machine's CPU time stolen meanwhile (None where the system does not count it)."""
 
     floor: Measurement
     operation: Measurement
@@ -89,6 +92,8 @@ class Pair:
     operation_cpu: float
     floor_database_cpu: float | None = None
     operation_database_cpu: float | None = None
+    floor_stolen: float | None = None
+    operation_stolen: float | None = None
 
     @property
     def floor_cpu_ms(self) -> float:
@@ -115,6 +120,14 @@ def _per_request_ms(cpu: float, measured: Measurement) -> float:
     return 1000 * cpu / measured.requests if measured.requests else 0.0
 
 
+def median_of_known(values: Iterable[float | None]) -> float | None:
+    """The median of `values`, or None when any is unknown: no figure is made up."""
+    found = list(values)
+    if not found or None in found:
+        return None
+    return statistics.median(cast(list[float], found))
+
+
 @dataclass
 class OperationResult:
     """An operation's repeats at one size and worker count."""
@@ -124,6 +137,7 @@ class OperationResult:
     kind: str
     pairs: list[Pair] = field(default_factory=list)
     open_loop: Measurement | None = None
+    open_loop_stolen: float | None = None
 
     def median(self, pick: Callable[[Pair], float]) -> float:
         return statistics.median(pick(p) for p in self.pairs)
@@ -166,8 +180,12 @@ class OperationResult:
     def database_cpu_ms(self) -> float | None:
         """PostgreSQL's CPU per request: what the operation's statements cost the server, which
         shares the cores with the workers."""
-        found = [p.operation_database_cpu_ms for p in self.pairs]
-        return statistics.median(f for f in found if f is not None) if None not in found else None
+        return median_of_known(p.operation_database_cpu_ms for p in self.pairs)
+
+    @property
+    def stolen(self) -> float | None:
+        """The share of the machine's CPU time stolen while the operation was loaded."""
+        return median_of_known(p.operation_stolen for p in self.pairs)
 
     @property
     def cpu_ratio(self) -> float:
@@ -330,6 +348,31 @@ def database_cpu_seconds(postmaster: psutil.Process | None) -> dict[int, float] 
     return times
 
 
+def stolen_share(before: Any, after: Any) -> float | None:
+    """The share of the machine's CPU time between two readings of `psutil.cpu_times()` that the
+    hypervisor gave to other guests (steal), or None where the system does not count it.
+
+    On a shared virtual machine that is time the processes were ready to run and could not:
+    it lowers rates and lengthens tails whatever the code does, and it varies minute to minute.
+    """
+    if "steal" not in before._fields:
+        return None
+    # Linux counts a guest's own time inside `user` and `nice` as well.
+    counted = [name for name in before._fields if name not in ("guest", "guest_nice")]
+    total = sum(getattr(after, name) - getattr(before, name) for name in counted)
+    return (after.steal - before.steal) / total if total > 0 else None
+
+
+class Timed(NamedTuple):
+    """A wrk measurement, with the CPU seconds the measured processes and the database server
+    spent while it ran, and the share of the machine's time stolen meanwhile."""
+
+    measured: Measurement
+    cpu: float
+    database_cpu: float | None
+    stolen: float | None
+
+
 def timed_load(
     processes: Sequence[psutil.Process],
     postmaster: psutil.Process | None,
@@ -338,17 +381,19 @@ def timed_load(
     *,
     seconds: float,
     connections: int,
-) -> tuple[Measurement, float, float | None]:
-    """A wrk measurement, and the CPU seconds `processes` and the database server spent while it
-    ran (a backend that ended meanwhile is missed: the pools keep theirs)."""
+) -> Timed:
+    """A wrk measurement, and what `processes`, the database server (a backend that ended
+    meanwhile is missed: the pools keep theirs) and the machine's neighbours took while it ran."""
     before, database_before = cpu_seconds(processes), database_cpu_seconds(postmaster)
+    machine_before = psutil.cpu_times()
     measured = run_wrk(base_url, load, seconds=seconds, connections=connections)
+    stolen = stolen_share(machine_before, psutil.cpu_times())
     spent = cpu_seconds(processes) - before
     database_after = database_cpu_seconds(postmaster)
     if database_before is None or database_after is None:
-        return measured, spent, None
+        return Timed(measured, spent, None, stolen)
     database_spent = sum(t - database_before.get(pid, 0.0) for pid, t in database_after.items())
-    return measured, spent, database_spent
+    return Timed(measured, spent, database_spent, stolen)
 
 
 def settle(
@@ -795,7 +840,7 @@ def measure_block(
                     )
                     floor_load = floor_loads[operation.kind]
                     settle(quiet)
-                    floor_measured, floor_cpu, floor_database_cpu = timed_load(
+                    on_floor = timed_load(
                         floor_workers,
                         postmaster,
                         floor_url,
@@ -804,7 +849,7 @@ def measure_block(
                         connections=args.connections,
                     )
                     settle(quiet)
-                    operation_measured, operation_cpu, operation_database_cpu = timed_load(
+                    on_service = timed_load(
                         service_workers,
                         postmaster,
                         service_url,
@@ -813,12 +858,14 @@ def measure_block(
                         connections=args.connections,
                     )
                     pair = Pair(
-                        floor_measured,
-                        operation_measured,
-                        floor_cpu,
-                        operation_cpu,
-                        floor_database_cpu,
-                        operation_database_cpu,
+                        on_floor.measured,
+                        on_service.measured,
+                        on_floor.cpu,
+                        on_service.cpu,
+                        on_floor.database_cpu,
+                        on_service.database_cpu,
+                        on_floor.stolen,
+                        on_service.stolen,
                     )
                     result.pairs.append(pair)
                     say(
@@ -828,6 +875,7 @@ def measure_block(
                         f" (DB {_ms(pair.operation_database_cpu_ms)})"
                         f" | floor {pair.floor.rps:8.1f} req/s p50 {pair.floor.p50_ms:6.2f} ms"
                         f" {pair.floor_cpu_ms:5.2f} ms CPU (DB {_ms(pair.floor_database_cpu_ms)})"
+                        f" | stolen {_share(pair.operation_stolen)}, {_share(pair.floor_stolen)}"
                         + _problems(pair)
                     )
             if not args.no_rate_check:
@@ -840,6 +888,7 @@ def measure_block(
                     # it ran), and timed as the operation's tail.
                     asyncio.run(vacuum(libpq(url), (*WRITTEN_TABLES, floor.TABLE)))
                     settle(quiet)
+                    machine_before = psutil.cpu_times()
                     result.open_loop = asyncio.run(
                         constant_rate(
                             HOST,
@@ -850,11 +899,13 @@ def measure_block(
                             connections=args.connections,
                         )
                     )
+                    result.open_loop_stolen = stolen_share(machine_before, psutil.cpu_times())
                     loop = result.open_loop
                     say(
                         f"  open loop {operation.key:<9} at {rate:7.1f} req/s:"
                         f" p50 {loop.p50_ms:7.2f} ms p99 {loop.p99_ms:7.2f} ms"
-                        f" ({loop.requests} requests, {loop.errors + loop.unexpected} failed)"
+                        f" ({loop.requests} requests, {loop.errors + loop.unexpected} failed;"
+                        f" stolen {_share(result.open_loop_stolen)})"
                     )
             if profile:
                 block.profiles = profile_worker(
@@ -868,6 +919,10 @@ def measure_block(
 
 def _ms(value: float | None) -> str:
     return f"{value:.2f}" if value is not None else "-"
+
+
+def _share(value: float | None) -> str:
+    return f"{value:.0%}" if value is not None else "-"
 
 
 def _problems(pair: Pair) -> str:
@@ -955,12 +1010,10 @@ def report_block(block: Block) -> None:
         floor_p50 = statistics.median(p.floor.p50_ms for r in results for p in r.pairs)
         floor_p99 = statistics.median(p.floor.p99_ms for r in results for p in r.pairs)
         floor_cpu = statistics.median(p.floor_cpu_ms for r in results for p in r.pairs)
-        floor_database = [p.floor_database_cpu_ms for r in results for p in r.pairs]
-        floor_database_cpu = (
-            statistics.median(f for f in floor_database if f is not None)
-            if None not in floor_database
-            else None
+        floor_database_cpu = median_of_known(
+            p.floor_database_cpu_ms for r in results for p in r.pairs
         )
+        floor_stolen = median_of_known(p.floor_stolen for r in results for p in r.pairs)
         rows.append(
             [
                 f"floor {kind}",
@@ -972,6 +1025,7 @@ def report_block(block: Block) -> None:
                 f"{floor_cpu:.2f}",
                 "1",
                 _ms(floor_database_cpu),
+                _share(floor_stolen),
             ]
         )
         rows += [
@@ -985,6 +1039,7 @@ def report_block(block: Block) -> None:
                 f"{r.cpu_ms:.2f}",
                 f"{r.cpu_ratio:.3f}",
                 _ms(r.database_cpu_ms),
+                _share(r.stolen),
             ]
             for r in results
         ]
@@ -999,6 +1054,7 @@ def report_block(block: Block) -> None:
             "CPU ms/req",
             "floor CPU / CPU",
             "DB CPU ms/req",
+            "stolen",
         ],
         rows,
     )
@@ -1006,7 +1062,7 @@ def report_block(block: Block) -> None:
     if loops:
         say(f"open loop at {RATE_SHARE:.0%} of each operation's rate (latency from due time):")
         _table(
-            ["operation", "rate", "served", "p50 ms", "p99 ms", "p99 / p50", "failed"],
+            ["operation", "rate", "served", "p50 ms", "p99 ms", "p99 / p50", "failed", "stolen"],
             [
                 [
                     f"  {r.key}",
@@ -1016,6 +1072,7 @@ def report_block(block: Block) -> None:
                     f"{r.open_loop.p99_ms:.2f}",
                     f"{r.open_loop.p99_ms / r.open_loop.p50_ms:.2f}" if r.open_loop.p50_ms else "-",
                     str(r.open_loop.errors + r.open_loop.unexpected),
+                    _share(r.open_loop_stolen),
                 ]
                 for r in loops
                 if r.open_loop is not None
@@ -1251,6 +1308,7 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(20261203)
     blocks: list[Block] = []
     seeding: list[tuple[int, SeedReport]] = []
+    seeding_stolen: dict[int, float | None] = {}
     with tempfile.TemporaryDirectory(prefix="grounding-bench-") as scratch_dir:
         scratch = Path(scratch_dir)
         with database(args, scratch) as url:
@@ -1287,16 +1345,19 @@ def main(argv: list[str] | None = None) -> None:
             owner = libpq(url)
             for scale in sorted(args.scales):
                 say(f"seeding {scale - seeded:,} chunks and as many citations (COPY) ...")
+                machine_before = psutil.cpu_times()
                 report = asyncio.run(
                     seeder.seed(owner, chunks=scale - seeded, citations=scale - seeded)
                 )
+                seeding_stolen[scale] = stolen_share(machine_before, psutil.cpu_times())
                 seeded = scale
                 seeding.append((scale, report))
                 vacuumed = asyncio.run(vacuum(owner, SEEDED_TABLES))
                 say(
                     f"  {report.chunks:,} chunks, {report.citations:,} citations in"
                     f" {report.seconds:.1f} s: {report.chunks_per_second:,.0f} chunks/s"
-                    f" ({report.rows_per_second:,.0f} rows/s over the six tables);"
+                    f" ({report.rows_per_second:,.0f} rows/s over the six tables;"
+                    f" stolen {_share(seeding_stolen[scale])});"
                     f" VACUUM ANALYZE after it {vacuumed:.1f} s"
                 )
                 mark = asyncio.run(audit_mark(owner, tenant))
@@ -1331,7 +1392,9 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(
             json.dumps(
                 {
-                    "seeding": [{"scale": s, **asdict(r)} for s, r in seeding],
+                    "seeding": [
+                        {"scale": s, **asdict(r), "stolen": seeding_stolen[s]} for s, r in seeding
+                    ],
                     "blocks": [asdict(b) for b in blocks],
                     "checks": [asdict(c) for c in checks(blocks, seeding)],
                 },

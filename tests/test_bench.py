@@ -11,16 +11,24 @@ import gc
 import hashlib
 import hmac
 import secrets
+from collections import namedtuple
 from collections.abc import AsyncIterator
 
 import asyncpg
+import psutil
 import pytest
 from sqlalchemy.engine import make_url
 
 from bench import floor, payloads, seed
 from bench.load import COUNTER, Load, Measurement, constant_rate, lua_script
 from bench.profile import hot_spots
-from bench.run import OperationResult, Pair, database_cpu_seconds, server_process
+from bench.run import (
+    OperationResult,
+    Pair,
+    database_cpu_seconds,
+    server_process,
+    stolen_share,
+)
 from tests.conftest import Committed, admin_execute, serving
 
 
@@ -232,6 +240,34 @@ def test_cpu_per_request_and_its_ratio_to_the_floor_are_taken_repeat_by_repeat()
     ]
     assert result.database_cpu_ms == 2.0
     assert result.pairs[0].floor_database_cpu_ms == 1.0
+
+
+# `psutil.cpu_times()` as Linux gives it, and as a system that counts no steal gives it.
+Times = namedtuple("Times", "user nice system idle iowait irq softirq steal guest guest_nice")
+Uncounted = namedtuple("Uncounted", "user system idle")
+
+
+def test_stolen_time_is_a_share_of_the_machines_time_and_unknown_where_uncounted() -> None:
+    before = Times(10, 0, 5, 100, 1, 0, 0, 2, 4, 0)
+    # 6 s of user time (3 of them a guest's, counted in user too), 2 system, 8 idle, 4 stolen.
+    after = Times(16, 0, 7, 108, 1, 0, 0, 6, 7, 0)
+    assert stolen_share(before, after) == 0.2
+    assert stolen_share(before, before) is None  # no time passed: no share to give
+    assert stolen_share(Uncounted(1, 1, 1), Uncounted(2, 2, 2)) is None  # none made up
+    share = stolen_share(psutil.cpu_times(), psutil.cpu_times())
+    assert share is None or 0.0 <= share <= 1.0
+
+    def measured() -> Measurement:
+        return Measurement(100, 10.0, 1.0, 2.0, 0, 0)
+
+    result = OperationResult("verify", "verify", "write")
+    result.pairs = [
+        Pair(measured(), measured(), 1.0, 1.0, floor_stolen=0.0, operation_stolen=stolen)
+        for stolen in (0.3, 0.1, 0.2)
+    ]
+    assert result.stolen == 0.2
+    result.pairs.append(Pair(measured(), measured(), 1.0, 1.0))
+    assert result.stolen is None
 
 
 def test_the_database_servers_cpu_is_read_off_its_processes(floor_url: str) -> None:
