@@ -15,12 +15,13 @@ content hash the service computes. Seeded citations therefore resolve to excerpt
 verify answers, and seeded chunks can be cited again.
 
 What makes it fast, and what it leaves alone:
-- the server does most of the work (pglz compression of each version's text, which no session
-  setting changes, index entries, WAL), so the rows are made with as little Python as they can
-  be: per-template text and lengths computed once, each version key's HMAC pads hashed once,
-  ids from one draw of random bytes per batch, and each run's canonical content filled into a
-  format made once from the audit log's own `run_content` and `canonical`, so the hash is the
-  service's without building its dictionaries;
+- the server does most of the work (compressing each version's text with the schema's method,
+  lz4 where the server has it and pglz where not; index entries; WAL), so the rows are made
+  with as little Python as they can be: per-template text and lengths computed once, each
+  version key's HMAC pads hashed once, ids from one draw of random bytes per batch, and each
+  run's canonical content filled into a format made once from the audit log's own
+  `run_content` and `canonical`, so the hash is the service's without building its
+  dictionaries;
 - the seeding sessions only (`SET`, never `ALTER SYSTEM`) commit without waiting for the WAL
   flush, and, as a superuser, run with `session_replication_role = replica`, which skips the
   per-row foreign-key triggers: the rows are built parents first in each transaction, so

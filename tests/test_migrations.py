@@ -59,6 +59,40 @@ async def test_upgrade_downgrade_upgrade_leaves_no_drift(blank_database: str) ->
     assert versions == [head_revision()]
 
 
+async def _text_compression(url: str) -> tuple[bool, set[str]]:
+    """Whether the server offers lz4, and the methods the stored texts' columns are set to."""
+    engine = create_async_engine(async_url(url))
+    try:
+        async with engine.connect() as connection:
+            offered = await connection.scalar(
+                text(
+                    "SELECT 'lz4' = ANY(enumvals) FROM pg_settings"
+                    " WHERE name = 'default_toast_compression'"
+                )
+            )
+            methods = await connection.scalars(
+                text(
+                    "SELECT attcompression::text FROM pg_attribute WHERE attname = 'text'"
+                    " AND attrelid = ANY('{document_versions,chunks,memory_records}'::regclass[])"
+                )
+            )
+            return bool(offered), set(methods)
+    finally:
+        await engine.dispose()
+
+
+async def test_stored_texts_are_compressed_with_lz4_where_the_server_has_it(
+    blank_database: str,
+) -> None:
+    config = alembic_config(blank_database)
+    await asyncio.to_thread(command.upgrade, config, "head")
+    offered, methods = await _text_compression(blank_database)
+    # "" is the server's default method (pglz unless configured otherwise).
+    assert methods == ({"l"} if offered else {""})
+    await asyncio.to_thread(command.downgrade, config, "0005")
+    assert await _text_compression(blank_database) == (offered, {""})
+
+
 def test_concurrent_migrations_apply_once(blank_database: str) -> None:
     environment = {**os.environ, "DATABASE_URL": blank_database}
     processes = [
