@@ -119,10 +119,7 @@ def _resolve_statement(*, tenant: str, ids: str) -> str:
            c.uri, c.page, c.section, c.span_sha256,
            ch.text AS chunk_text, ch.span_start AS chunk_start,
            v.erased_at, e.request_ref,
-           (SELECT n.version FROM document_versions n
-             WHERE n.tenant = c.tenant AND n.document_id = c.document_id
-               AND n.seq > v.seq AND n.erased_at IS NULL
-             ORDER BY n.seq DESC LIMIT 1) AS superseded_by
+           CASE WHEN newest.seq > v.seq THEN newest.version END AS superseded_by
       FROM citations c
       JOIN document_versions v
         ON v.tenant = c.tenant AND v.document_id = c.document_id
@@ -131,6 +128,13 @@ def _resolve_statement(*, tenant: str, ids: str) -> str:
         ON ch.tenant = c.tenant AND ch.document_id = c.document_id
        AND ch.version = c.document_version AND ch.chunk_id = c.chunk_id
       LEFT JOIN erasures e ON e.tenant = v.tenant AND e.erasure_id = v.erasure_id
+      -- The newest live version depends on the document alone, not on the cited version, so
+      -- PostgreSQL finds it once per document in the batch rather than once per citation.
+      LEFT JOIN LATERAL (
+        SELECT n.version, n.seq FROM document_versions n
+         WHERE n.tenant = c.tenant AND n.document_id = c.document_id AND n.erased_at IS NULL
+         ORDER BY n.seq DESC LIMIT 1
+      ) newest ON true
      WHERE c.tenant = {tenant} AND c.citation_id = ANY({ids}::text[])
     """
 
