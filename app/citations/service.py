@@ -129,7 +129,7 @@ def _resolve_statement(*, tenant: str, ids: str) -> str:
        AND ch.version = c.document_version AND ch.chunk_id = c.chunk_id
       LEFT JOIN erasures e ON e.tenant = v.tenant AND e.erasure_id = v.erasure_id
       -- The newest live version depends on the document alone, not on the cited version, so
-      -- PostgreSQL finds it once per document in the batch rather than once per citation.
+      -- PostgreSQL can memoize it per document when a batch cites a document more than once.
       LEFT JOIN LATERAL (
         SELECT n.version, n.seq FROM document_versions n
          WHERE n.tenant = c.tenant AND n.document_id = c.document_id AND n.erased_at IS NULL
