@@ -248,25 +248,26 @@ class Erasure(Base):
 
 
 class VerificationCitation(Base):
-    """A citation id one verification's claims rest on, so a source's blast radius is indexed."""
+    """A citation id one verification's claims rest on, so a source's blast radius is indexed.
+
+    Read only by citation: the primary key, led by it, is the one index (one entry per row).
+    """
 
     __tablename__ = "verification_citations"
-    __table_args__ = (Index(None, "tenant", "citation_id"),)
 
     tenant: Mapped[str] = mapped_column(Text, primary_key=True)
-    verification_id: Mapped[str] = mapped_column(Text, primary_key=True)
     citation_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    verification_id: Mapped[str] = mapped_column(Text, primary_key=True)
 
 
 class MemoryCitation(Base):
-    """A citation id a memory record came from."""
+    """A citation id a memory record came from; read only by citation, as a verification's."""
 
     __tablename__ = "memory_citations"
-    __table_args__ = (Index(None, "tenant", "citation_id"),)
 
     tenant: Mapped[str] = mapped_column(Text, primary_key=True)
-    memory_id: Mapped[str] = mapped_column(Text, primary_key=True)
     citation_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    memory_id: Mapped[str] = mapped_column(Text, primary_key=True)
 
 
 class AuditEntry(Base):

@@ -93,6 +93,55 @@ async def test_stored_texts_are_compressed_with_lz4_where_the_server_has_it(
     assert await _text_compression(blank_database) == (offered, {""})
 
 
+async def _blast_radius_indexes(url: str) -> dict[str, list[tuple[str, bool, list[str]]]]:
+    """Each blast radius table's indexes: name, whether it is the primary key, its columns."""
+    engine = create_async_engine(async_url(url))
+    try:
+        async with engine.connect() as connection:
+            rows = await connection.execute(
+                text(
+                    "SELECT i.indrelid::regclass::text, i.indexrelid::regclass::text,"
+                    " i.indisprimary, array_agg(a.attname::text ORDER BY k.n)"
+                    " FROM pg_index i"
+                    " CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
+                    " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+                    " WHERE i.indrelid::regclass::text"
+                    " IN ('verification_citations', 'memory_citations')"
+                    " GROUP BY 1, 2, 3 ORDER BY 1, 2"
+                )
+            )
+            found: dict[str, list[tuple[str, bool, list[str]]]] = {}
+            for table, index, primary, columns in rows:
+                found.setdefault(table, []).append((index, primary, list(columns)))
+            return found
+    finally:
+        await engine.dispose()
+
+
+async def test_blast_radius_tables_keep_one_index_led_by_the_citation(
+    blank_database: str,
+) -> None:
+    config = alembic_config(blank_database)
+    await asyncio.to_thread(command.upgrade, config, "head")
+    assert await _blast_radius_indexes(blank_database) == {
+        "memory_citations": [("pk_memory_citations", True, ["tenant", "citation_id", "memory_id"])],
+        "verification_citations": [
+            ("pk_verification_citations", True, ["tenant", "citation_id", "verification_id"])
+        ],
+    }
+    await asyncio.to_thread(command.downgrade, config, "0006")
+    assert await _blast_radius_indexes(blank_database) == {
+        "memory_citations": [
+            ("ix_memory_citations_tenant_citation_id", False, ["tenant", "citation_id"]),
+            ("pk_memory_citations", True, ["tenant", "memory_id", "citation_id"]),
+        ],
+        "verification_citations": [
+            ("ix_verification_citations_tenant_citation_id", False, ["tenant", "citation_id"]),
+            ("pk_verification_citations", True, ["tenant", "verification_id", "citation_id"]),
+        ],
+    }
+
+
 def test_concurrent_migrations_apply_once(blank_database: str) -> None:
     environment = {**os.environ, "DATABASE_URL": blank_database}
     processes = [
