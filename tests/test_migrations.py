@@ -8,6 +8,7 @@ import secrets
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 import app.models  # noqa: F401
 from app.db import APP_ROLE, Base, alembic_config, async_url, head_revision, migrate
@@ -33,20 +34,27 @@ async def blank_database(server_url: str) -> AsyncIterator[str]:
         await admin_execute(server_url, f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
+@asynccontextmanager
+async def _connected(url: str) -> AsyncIterator[AsyncConnection]:
+    """A connection to `url` in a transaction that commits on leaving; its engine then closed."""
+    engine = create_async_engine(async_url(url))
+    try:
+        async with engine.begin() as connection:
+            yield connection
+    finally:
+        await engine.dispose()
+
+
 def _drift(connection: Connection) -> list[Any]:
     context = MigrationContext.configure(connection, opts={"compare_type": True})
     return list(compare_metadata(context, Base.metadata))
 
 
 async def _inspect(url: str) -> tuple[list[Any], list[str]]:
-    engine = create_async_engine(async_url(url))
-    try:
-        async with engine.connect() as connection:
-            drift = await connection.run_sync(_drift)
-            versions = await connection.execute(text("SELECT version_num FROM alembic_version"))
-            return drift, list(versions.scalars())
-    finally:
-        await engine.dispose()
+    async with _connected(url) as connection:
+        drift = await connection.run_sync(_drift)
+        versions = await connection.execute(text("SELECT version_num FROM alembic_version"))
+        return drift, list(versions.scalars())
 
 
 async def test_upgrade_downgrade_upgrade_leaves_no_drift(blank_database: str) -> None:
@@ -61,24 +69,20 @@ async def test_upgrade_downgrade_upgrade_leaves_no_drift(blank_database: str) ->
 
 async def _text_compression(url: str) -> tuple[bool, set[str]]:
     """Whether the server offers lz4, and the methods the stored texts' columns are set to."""
-    engine = create_async_engine(async_url(url))
-    try:
-        async with engine.connect() as connection:
-            offered = await connection.scalar(
-                text(
-                    "SELECT 'lz4' = ANY(enumvals) FROM pg_settings"
-                    " WHERE name = 'default_toast_compression'"
-                )
+    async with _connected(url) as connection:
+        offered = await connection.scalar(
+            text(
+                "SELECT 'lz4' = ANY(enumvals) FROM pg_settings"
+                " WHERE name = 'default_toast_compression'"
             )
-            methods = await connection.scalars(
-                text(
-                    "SELECT attcompression::text FROM pg_attribute WHERE attname = 'text'"
-                    " AND attrelid = ANY('{document_versions,chunks,memory_records}'::regclass[])"
-                )
+        )
+        methods = await connection.scalars(
+            text(
+                "SELECT attcompression::text FROM pg_attribute WHERE attname = 'text'"
+                " AND attrelid = ANY('{document_versions,chunks,memory_records}'::regclass[])"
             )
-            return bool(offered), set(methods)
-    finally:
-        await engine.dispose()
+        )
+        return bool(offered), set(methods)
 
 
 async def test_stored_texts_are_compressed_with_lz4_where_the_server_has_it(
@@ -95,27 +99,23 @@ async def test_stored_texts_are_compressed_with_lz4_where_the_server_has_it(
 
 async def _blast_radius_indexes(url: str) -> dict[str, list[tuple[str, bool, list[str]]]]:
     """Each blast radius table's indexes: name, whether it is the primary key, its columns."""
-    engine = create_async_engine(async_url(url))
-    try:
-        async with engine.connect() as connection:
-            rows = await connection.execute(
-                text(
-                    "SELECT i.indrelid::regclass::text, i.indexrelid::regclass::text,"
-                    " i.indisprimary, array_agg(a.attname::text ORDER BY k.n)"
-                    " FROM pg_index i"
-                    " CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
-                    " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
-                    " WHERE i.indrelid::regclass::text"
-                    " IN ('verification_citations', 'memory_citations')"
-                    " GROUP BY 1, 2, 3 ORDER BY 1, 2"
-                )
+    async with _connected(url) as connection:
+        rows = await connection.execute(
+            text(
+                "SELECT i.indrelid::regclass::text, i.indexrelid::regclass::text,"
+                " i.indisprimary, array_agg(a.attname::text ORDER BY k.n)"
+                " FROM pg_index i"
+                " CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
+                " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+                " WHERE i.indrelid::regclass::text"
+                " IN ('verification_citations', 'memory_citations')"
+                " GROUP BY 1, 2, 3 ORDER BY 1, 2"
             )
-            found: dict[str, list[tuple[str, bool, list[str]]]] = {}
-            for table, index, primary, columns in rows:
-                found.setdefault(table, []).append((index, primary, list(columns)))
-            return found
-    finally:
-        await engine.dispose()
+        )
+        found: dict[str, list[tuple[str, bool, list[str]]]] = {}
+        for table, index, primary, columns in rows:
+            found.setdefault(table, []).append((index, primary, list(columns)))
+        return found
 
 
 async def test_blast_radius_tables_keep_one_index_led_by_the_citation(
@@ -167,16 +167,12 @@ async def test_migrate_is_a_no_op_at_head(blank_database: str) -> None:
 
 
 async def _app_role_has_password(url: str) -> bool:
-    engine = create_async_engine(async_url(url))
-    try:
-        async with engine.connect() as connection:
-            found = await connection.scalar(
-                text("SELECT rolpassword IS NOT NULL FROM pg_authid WHERE rolname = :role"),
-                {"role": APP_ROLE},
-            )
-            return bool(found)
-    finally:
-        await engine.dispose()
+    async with _connected(url) as connection:
+        found = await connection.scalar(
+            text("SELECT rolpassword IS NOT NULL FROM pg_authid WHERE rolname = :role"),
+            {"role": APP_ROLE},
+        )
+        return bool(found)
 
 
 def test_migrate_gives_the_request_role_the_password_of_its_url(blank_database: str) -> None:
@@ -189,9 +185,5 @@ def test_migrate_gives_the_request_role_the_password_of_its_url(blank_database: 
 
 
 async def _clear_app_password(url: str) -> None:
-    engine = create_async_engine(async_url(url))
-    try:
-        async with engine.begin() as connection:
-            await connection.execute(text(f"ALTER ROLE {APP_ROLE} PASSWORD NULL"))
-    finally:
-        await engine.dispose()
+    async with _connected(url) as connection:
+        await connection.execute(text(f"ALTER ROLE {APP_ROLE} PASSWORD NULL"))
