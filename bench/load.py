@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,9 +44,28 @@ class Load:
     tag: str = "m"
 
 
+# A request slower than this many times the median is slow: the tail check's own bound.
+SLOW_OVER_P50 = 4
+
+
+@dataclass(frozen=True, slots=True)
+class SlowSpells:
+    """The open loop's slow requests, as stretches of consecutive ones (in due order).
+
+    Scattered slow requests are queueing; one long spell is the server falling behind the
+    arrivals for that long (a pause, or the cores taken by something else), and a spell of
+    half a second holds over 1% of a ten-second loop, enough alone to set its p99.
+    """
+
+    spells: int
+    longest_ms: float
+    share: float
+
+
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """One load generator's run against one operation."""
+    """One load generator's run against one operation; the open loop also says how its slow
+    requests fell (`SlowSpells`) and what CPU it took itself."""
 
     requests: int
     seconds: float
@@ -54,6 +73,8 @@ class Measurement:
     p99_ms: float
     errors: int
     unexpected: int
+    slow: SlowSpells | None = None
+    own_cpu_share: float | None = None
 
     @property
     def rps(self) -> float:
@@ -220,14 +241,41 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def slow_spells(timed: Sequence[tuple[float, float]], bound: float) -> SlowSpells:
+    """The spells of requests slower than `bound`, from `(due, latency)` pairs in seconds.
+
+    A spell lasts from its first request's due time until its last request's response.
+    """
+    spells = 0
+    longest = 0.0
+    slow = 0
+    first_due: float | None = None
+    for due, latency in sorted(timed):
+        if latency <= bound:
+            first_due = None
+            continue
+        slow += 1
+        if first_due is None:
+            first_due = due
+            spells += 1
+        longest = max(longest, due + latency - first_due)
+    return SlowSpells(
+        spells=spells, longest_ms=longest * 1000, share=slow / len(timed) if timed else 0.0
+    )
+
+
 async def constant_rate(
     host: str, port: int, load: Load, *, rate: float, seconds: float, connections: int
 ) -> Measurement:
-    """Send `load` at `rate` requests per second for `seconds`, open loop; latency from due time."""
+    """Send `load` at `rate` requests per second for `seconds`, open loop; latency from due time.
+
+    Its own CPU share is this process's while it runs: what the generator takes of the cores it
+    shares with the server.
+    """
     raw = _raw_requests(load, f"{host}:{port}")
     total = max(1, int(rate * seconds))
     queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
-    latencies: list[float] = []
+    timed: list[tuple[float, float]] = []
     statuses: list[int] = []
     errors = 0
 
@@ -244,7 +292,7 @@ async def constant_rate(
                     writer.close()
                     reader, writer = await asyncio.open_connection(host, port)
                     continue
-                latencies.append(time.perf_counter() - due)
+                timed.append((due, time.perf_counter() - due))
         finally:
             writer.close()
 
@@ -252,6 +300,7 @@ async def constant_rate(
     # Build the requests before the clock starts, so making them costs no latency.
     prepared = [next(raw) for _ in range(total)]
     with _collector_paused():
+        cpu_before = time.process_time()
         started = time.perf_counter()
         for i, request in enumerate(prepared):
             due = started + i / rate
@@ -263,12 +312,16 @@ async def constant_rate(
             queue.put_nowait(None)
         await asyncio.gather(*workers)
         elapsed = time.perf_counter() - started
-    ordered = sorted(latencies)
+        own_cpu = time.process_time() - cpu_before
+    ordered = sorted(latency for _, latency in timed)
+    p50 = statistics.median(ordered) if ordered else 0.0
     return Measurement(
-        requests=len(latencies),
+        requests=len(ordered),
         seconds=elapsed,
-        p50_ms=statistics.median(ordered) * 1000 if ordered else 0.0,
+        p50_ms=p50 * 1000,
         p99_ms=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000 if ordered else 0.0,
         errors=errors,
         unexpected=sum(1 for s in statuses if s != load.expect),
+        slow=slow_spells(timed, SLOW_OVER_P50 * p50),
+        own_cpu_share=own_cpu / elapsed if elapsed else None,
     )

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from bench import floor, payloads, seed
-from bench.load import COUNTER, Load, Measurement, constant_rate, lua_script
+from bench.load import COUNTER, Load, Measurement, constant_rate, lua_script, slow_spells
 from bench.profile import hot_spots
 from bench.run import (
     OperationResult,
@@ -105,6 +105,32 @@ async def test_the_open_loop_sends_at_its_rate_and_no_collection_runs_while_it_t
     assert 0 < measured.p50_ms <= measured.p99_ms
     assert collecting == [False] * 100
     assert gc.isenabled()
+    assert measured.slow is not None
+    assert 0 <= measured.slow.share <= 1
+    assert measured.own_cpu_share is not None
+    assert measured.own_cpu_share > 0
+
+
+def test_slow_requests_in_a_row_are_one_spell_from_first_due_to_last_answer() -> None:
+    timed = [
+        (0.00, 0.001),
+        (0.01, 0.050),  # a spell of three: due at 0.01, the last answered at 0.03 + 0.030
+        (0.02, 0.040),
+        (0.03, 0.030),
+        (0.04, 0.001),
+        (0.05, 0.020),  # a spell of one, alone: its own latency
+    ]
+    # Completion order is not due order: the spells follow due times.
+    found = slow_spells(list(reversed(timed)), bound=0.010)
+    assert found.spells == 2
+    assert found.longest_ms == pytest.approx(50.0)
+    assert found.share == pytest.approx(4 / 6)
+
+
+def test_an_open_loop_with_no_slow_request_has_no_spell() -> None:
+    found = slow_spells([(0.0, 0.001), (0.01, 0.002)], bound=0.010)
+    assert (found.spells, found.longest_ms, found.share) == (0, 0.0, 0.0)
+    assert slow_spells([], bound=0.010).share == 0.0
 
 
 def test_hot_spots_count_own_and_total_samples_by_function() -> None:
