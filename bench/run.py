@@ -149,6 +149,8 @@ class OperationResult:
     # Autovacuum's work while the open loop ran (tables it finished, and its workers still at
     # it at the end): it shares the cores with the service.
     open_loop_autovacuum: int | None = None
+    # The share of the loop's time in which some task waited for a core.
+    open_loop_cpu_waited: float | None = None
 
     def median(self, pick: Callable[[Pair], float]) -> float:
         return statistics.median(pick(p) for p in self.pairs)
@@ -372,6 +374,35 @@ def stolen_share(before: Any, after: Any) -> float | None:
     counted = [name for name in before._fields if name not in ("guest", "guest_nice")]
     total = sum(getattr(after, name) - getattr(before, name) for name in counted)
     return (after.steal - before.steal) / total if total > 0 else None
+
+
+CPU_PRESSURE = Path("/proc/pressure/cpu")
+
+
+def cpu_waited_seconds() -> float | None:
+    """The seconds, so far, in which some task of the machine was ready to run and waited for a
+    core (Linux's pressure stall information, `some`); None where the system does not count it."""
+    try:
+        return psi_some_total(CPU_PRESSURE.read_text())
+    except OSError:
+        return None
+
+
+def psi_some_total(pressure: str) -> float:
+    """The `some` line's `total` of a pressure file, in seconds (the file counts microseconds)."""
+    for line in pressure.splitlines():
+        kind, *fields = line.split()
+        if kind == "some":
+            totals = [f.removeprefix("total=") for f in fields if f.startswith("total=")]
+            return int(totals[0]) / 1e6
+    raise ValueError("no 'some' line in the pressure file")
+
+
+def waited_share(before: float | None, after: float | None, seconds: float) -> float | None:
+    """The share of `seconds` in which some task waited for a core, from two readings."""
+    if before is None or after is None or seconds <= 0:
+        return None
+    return (after - before) / seconds
 
 
 class Timed(NamedTuple):
@@ -917,6 +948,7 @@ def measure_block(
                     settle(quiet)
                     machine_before = psutil.cpu_times()
                     autovacuumed_before, _ = asyncio.run(autovacuum_state(libpq(url)))
+                    waited_before, loop_started = cpu_waited_seconds(), time.monotonic()
                     result.open_loop = asyncio.run(
                         constant_rate(
                             HOST,
@@ -926,6 +958,9 @@ def measure_block(
                             seconds=args.duration,
                             connections=args.connections,
                         )
+                    )
+                    result.open_loop_cpu_waited = waited_share(
+                        waited_before, cpu_waited_seconds(), time.monotonic() - loop_started
                     )
                     result.open_loop_stolen = stolen_share(machine_before, psutil.cpu_times())
                     autovacuumed, autovacuuming = asyncio.run(autovacuum_state(libpq(url)))
@@ -1094,7 +1129,7 @@ def report_block(block: Block) -> None:
             f"open loop at {RATE_SHARE:.0%} of each operation's rate (latency from due time;"
             f" slow: over {SLOW_OVER_P50} x p50, in spells of consecutive requests; autovacuum:"
             " tables it vacuumed or analyzed meanwhile; loop CPU: this process's, the generator's,"
-            " share of a core):"
+            " share of a core; waited: the share of the time some task waited for a core):"
         )
         _table(
             [
@@ -1110,6 +1145,7 @@ def report_block(block: Block) -> None:
                 "longest ms",
                 "autovacuum",
                 "loop CPU",
+                "waited",
                 "stolen",
             ],
             [
@@ -1126,6 +1162,7 @@ def report_block(block: Block) -> None:
                     f"{loop.slow.longest_ms:.0f}" if loop.slow else "-",
                     "-" if r.open_loop_autovacuum is None else str(r.open_loop_autovacuum),
                     _share(loop.own_cpu_share),
+                    _share(r.open_loop_cpu_waited),
                     _share(r.open_loop_stolen),
                 ]
                 for r, loop in loops

@@ -25,9 +25,12 @@ from bench.profile import hot_spots
 from bench.run import (
     OperationResult,
     Pair,
+    cpu_waited_seconds,
     database_cpu_seconds,
+    psi_some_total,
     server_process,
     stolen_share,
+    waited_share,
 )
 from tests.conftest import Committed, admin_execute, serving
 
@@ -271,6 +274,22 @@ def test_cpu_per_request_and_its_ratio_to_the_floor_are_taken_repeat_by_repeat()
 # `psutil.cpu_times()` as Linux gives it, and as a system that counts no steal gives it.
 Times = namedtuple("Times", "user nice system idle iowait irq softirq steal guest guest_nice")
 Uncounted = namedtuple("Uncounted", "user system idle")
+
+
+def test_waits_for_a_core_are_read_from_the_pressure_file_or_unknown() -> None:
+    pressure = (
+        "some avg10=1.50 avg60=0.80 avg300=0.20 total=2500000\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=100\n"
+    )
+    assert psi_some_total(pressure) == 2.5
+    with pytest.raises(ValueError, match="no 'some' line"):
+        psi_some_total("full avg10=0.00 avg60=0.00 avg300=0.00 total=100\n")
+    # 1.5 s of waiting in a 5 s loop.
+    assert waited_share(2.5, 4.0, 5.0) == pytest.approx(0.3)
+    assert waited_share(None, 4.0, 5.0) is None
+    assert waited_share(2.5, 4.0, 0.0) is None
+    waited = cpu_waited_seconds()
+    assert waited is None or waited >= 0.0
 
 
 def test_stolen_time_is_a_share_of_the_machines_time_and_unknown_where_uncounted() -> None:
