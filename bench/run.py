@@ -384,18 +384,18 @@ def cpu_waited_seconds() -> float | None:
     core (Linux's pressure stall information, `some`); None where the system does not count it."""
     try:
         return psi_some_total(CPU_PRESSURE.read_text())
-    except OSError:
+    except (OSError, ValueError):  # no such file, or none this parser knows
         return None
 
 
 def psi_some_total(pressure: str) -> float:
     """The `some` line's `total` of a pressure file, in seconds (the file counts microseconds)."""
     for line in pressure.splitlines():
-        kind, *fields = line.split()
-        if kind == "some":
-            totals = [f.removeprefix("total=") for f in fields if f.startswith("total=")]
+        fields = line.split()
+        totals = [f.removeprefix("total=") for f in fields if f.startswith("total=")]
+        if fields[:1] == ["some"] and totals:
             return int(totals[0]) / 1e6
-    raise ValueError("no 'some' line in the pressure file")
+    raise ValueError("no 'some' line with a total in the pressure file")
 
 
 def waited_share(before: float | None, after: float | None, seconds: float) -> float | None:

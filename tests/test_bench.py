@@ -278,12 +278,15 @@ Uncounted = namedtuple("Uncounted", "user system idle")
 
 def test_waits_for_a_core_are_read_from_the_pressure_file_or_unknown() -> None:
     pressure = (
+        "\n"  # a blank line is passed over
         "some avg10=1.50 avg60=0.80 avg300=0.20 total=2500000\n"
         "full avg10=0.00 avg60=0.00 avg300=0.00 total=100\n"
     )
     assert psi_some_total(pressure) == 2.5
     with pytest.raises(ValueError, match="no 'some' line"):
         psi_some_total("full avg10=0.00 avg60=0.00 avg300=0.00 total=100\n")
+    with pytest.raises(ValueError, match="no 'some' line"):
+        psi_some_total("some avg10=0.00\n")
     # 1.5 s of waiting in a 5 s loop.
     assert waited_share(2.5, 4.0, 5.0) == pytest.approx(0.3)
     assert waited_share(None, 4.0, 5.0) is None
