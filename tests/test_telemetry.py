@@ -19,6 +19,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import asyncpg
 import httpx
 import pytest
 from fastapi import FastAPI
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
@@ -44,7 +45,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from app.config import Settings
-from app.logs import JsonFormatter, logging_config
+from app.logs import JsonFormatter, logging_config, timestamp
 from app.main import create_app
 from app.telemetry import otlp_tracer_provider
 from tests.conftest import serving
@@ -535,6 +536,20 @@ def test_the_json_formatter_writes_what_the_standard_encoder_would(extra: dict[s
     assert "\n" not in line
     # As the standard encoder writes it, read back: an integer key then reads as a string.
     assert written == json.loads(json.dumps(extra, default=str))
+
+
+# Up to the last second of year 9999, past which `datetime` writes no time at all.
+@given(created=st.floats(min_value=0, max_value=253_402_300_799))
+# Rounded up to the next second, with it the next minute and day; half a microsecond, rounded
+# half to even (the nearest float is just under or just over it); just under a millisecond.
+@example(created=1_767_225_599.9999996)
+@example(created=1_700_000_000.0000005)
+@example(created=0.0000005)
+@example(created=0.0000015)
+@example(created=1_700_000_000.000999)
+def test_a_log_line_s_time_is_what_datetime_writes(created: float) -> None:
+    written = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+    assert timestamp(created) == written
 
 
 def test_serve_logs_json_and_keeps_sqlalchemy_statements_out() -> None:
