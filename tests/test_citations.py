@@ -765,6 +765,37 @@ async def test_an_admin_reads_excerpts_as_the_tenant_it_names(
         assert POLICY_TEXT[:12] not in unnamed.text
 
 
+async def test_the_reads_that_take_the_named_tenant_themselves_refuse_it_as_fastapi_would(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    await register_version(client, keys)
+    [cited, *_] = await _cite(client, keys, policy_chunks())
+    too_long = keys.headers("admin", tenant="globex") | {"X-Grounding-Tenant": "x" * 129}
+    # A route whose principal is a dependency, where FastAPI validates the header parameter.
+    by_fastapi = await client.get(f"/v1/citations/{cited['citation_id']}", headers=too_long)
+    assert by_fastapi.status_code == 422
+
+    for method, path, body in _reads(cited["citation_id"]):
+        refused = await client.request(method, path, json=body, headers=too_long)
+        assert refused.status_code == 422, path
+        assert refused.json() == by_fastapi.json()
+        assert refused.json()["errors"][0]["loc"] == ["header", "x-grounding-tenant"]
+
+
+def test_the_reads_that_take_the_named_tenant_themselves_document_it_as_fastapi_would(
+    app: FastAPI,
+) -> None:
+    paths = app.openapi()["paths"]
+
+    def named_tenant(operation: dict[str, Any]) -> list[dict[str, Any]]:
+        return [p for p in operation.get("parameters", []) if p["in"] == "header"]
+
+    by_fastapi = named_tenant(paths["/v1/citations/{citation_id}"]["get"])
+    assert [p["name"] for p in by_fastapi] == ["x-grounding-tenant"]
+    assert named_tenant(paths["/v1/citations/{citation_id}/excerpt"]["get"]) == by_fastapi
+    assert named_tenant(paths["/v1/citations/resolve"]["post"]) == by_fastapi
+
+
 # What a resolved row puts in a body: text of any code points a database can hold, offsets and
 # pages, flags, nulls, and the timestamps PostgreSQL gives back (UTC, to the microsecond).
 _row_values = st.one_of(

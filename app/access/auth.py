@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from asyncpg import Record
 from fastapi import Depends, Header, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import db
@@ -24,16 +26,47 @@ from app.db import SessionDep, SessionStatements, Statements, TransactionDep, sc
 from app.errors import Forbidden, Unauthorized
 
 ACTING_TENANT = "x-grounding-tenant"
-
+_ACTING_TENANT_DESCRIPTION = "Admin keys, on reads: read as this tenant (the read is audited)"
 
 ActingTenant = Annotated[
     str | None,
     Header(
         alias=ACTING_TENANT,
-        description="Admin keys, on reads: read as this tenant (the read is audited)",
+        description=_ACTING_TENANT_DESCRIPTION,
         max_length=128,
     ),
 ]
+
+_ACTING_TENANT = TypeAdapter(ActingTenant)
+
+
+# `ActingTenant` as FastAPI documents the parameter, for a route that reads the header itself
+# (`acting_tenant`): the route's `openapi_extra`.
+ACTING_TENANT_DOCUMENTED: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": ACTING_TENANT,
+            "in": "header",
+            "required": False,
+            "schema": {**_ACTING_TENANT.json_schema(), "title": ACTING_TENANT.title()},
+            "description": _ACTING_TENANT_DESCRIPTION,
+        }
+    ]
+}
+
+
+def acting_tenant(request: Request) -> str | None:
+    """The tenant an admin key names to read as, validated as the `ActingTenant` parameter is:
+    for the hot reads, which take it from the headers themselves, as FastAPI's solving of a
+    header parameter costs 12 us a request, a sixteenth of an excerpt's."""
+    named = request.headers.get(ACTING_TENANT)
+    if named is None:
+        return None
+    try:
+        return _ACTING_TENANT.validate_python(named)
+    except ValidationError as invalid:
+        located = [{**e, "loc": ("header", ACTING_TENANT, *e["loc"])} for e in invalid.errors()]
+        raise RequestValidationError(located) from None
 
 
 def require(
@@ -86,12 +119,14 @@ def _bearer(request: Request) -> str:
     return secret.strip()
 
 
-def keyed_reads(request: Request, acting: str | None, *scopes: str) -> Reads:
+def keyed_reads(request: Request, *scopes: str) -> Reads:
     """Where the rows of a read come from when it opens its key in its own statement
     (`access.keyed`): one round trip for the whole request, with no session. An admin key
-    naming a tenant to read as (`acting`) reads in a transaction that opens it and records the
-    read first, as `require` does."""
+    naming a tenant to read as (`acting_tenant`) reads in a transaction that opens it and
+    records the read first, as `require` does. The route documents the header with
+    `ACTING_TENANT_DOCUMENTED`."""
     secret = _bearer(request)
+    acting = acting_tenant(request)
     if acting is not None:
         authorize = require(*scopes, reads=True)
         return _ActingReads(request=request, authorize=authorize, acting=acting)
@@ -102,8 +137,8 @@ def keyed_reads(request: Request, acting: str | None, *scopes: str) -> Reads:
     return _KeyedReads(request=request, reader=Reader(secret, frozenset(scopes), on_open))
 
 
-async def _keyed_readers(request: Request, acting: ActingTenant = None) -> Reads:
-    return keyed_reads(request, acting, *READERS)
+async def _keyed_readers(request: Request) -> Reads:
+    return keyed_reads(request, *READERS)
 
 
 @dataclass(frozen=True, slots=True)

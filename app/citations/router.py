@@ -7,7 +7,13 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request, Response
 
-from app.access.auth import READERS, ActingTenant, KeyedReads, ReaderKey, keyed_reads
+from app.access.auth import (
+    ACTING_TENANT_DOCUMENTED,
+    READERS,
+    KeyedReads,
+    ReaderKey,
+    keyed_reads,
+)
 from app.bodies import JSONBodyRoute
 from app.citations import service as citations
 from app.citations.schemas import ResolveRead, ResolveRequest, resolve_entry_body
@@ -36,10 +42,11 @@ async def get_citation(citation_id: str, session: SessionDep, principal: ReaderK
     "/{citation_id}/excerpt",
     response_model=Excerpt | Tombstone,
     responses=INTEGRITY_RESPONSES,
+    openapi_extra=ACTING_TENANT_DOCUMENTED,
 )
-async def get_excerpt(citation_id: str, request: Request, acting: ActingTenant = None) -> Response:
+async def get_excerpt(citation_id: str, request: Request) -> Response:
     # Not a dependency (`KeyedReads`): FastAPI's solving of one costs 10 us a request.
-    reads = keyed_reads(request, acting, *READERS)
+    reads = keyed_reads(request, *READERS)
     return json_response(await citations.excerpt(reads, citation_id=citation_id))
 
 
@@ -47,6 +54,7 @@ async def get_excerpt(citation_id: str, request: Request, acting: ActingTenant =
     "/resolve",
     response_model=ResolveRead,
     responses=INTEGRITY_RESPONSES,
+    openapi_extra=ACTING_TENANT_DOCUMENTED,
     dependencies=[
         limit_items("citation_ids", what="ids per resolve", limit=lambda s: s.max_resolve_ids)
     ],
