@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import logging
 import re
+from collections.abc import Iterator
 from datetime import UTC
 from typing import Any
 
@@ -21,6 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from app import db
 from app.access import service as access
+from app.access.auth import READERS
+from app.access.service import Reader
 from app.citations import service as citations
 from app.citations.router import json_response
 from app.citations.schemas import ResolveRead
@@ -794,6 +797,81 @@ def test_the_reads_that_take_the_named_tenant_themselves_document_it_as_fastapi_
     assert [p["name"] for p in by_fastapi] == ["x-grounding-tenant"]
     assert named_tenant(paths["/v1/citations/{citation_id}/excerpt"]["get"]) == by_fastapi
     assert named_tenant(paths["/v1/citations/resolve"]["post"]) == by_fastapi
+
+
+# A small tenant, as in the benchmark: fifty documents of one version each, cited a thousand
+# times, and one document registered six hundred times over.
+_SMALL_TENANT = [
+    """
+    INSERT INTO document_versions (tenant, document_id, version, chunk_count, created_at)
+    SELECT 'acme', 'doc_' || d, 'v1', 1, now() FROM generate_series(1, 50) AS d
+    UNION ALL
+    SELECT 'acme', 'doc_often', 'v' || g, 1, now() FROM generate_series(1, 600) AS g
+    """,
+    """
+    INSERT INTO runs (tenant, run_id, query, scope, retrieved_at, key_id, citation_count)
+    SELECT 'acme', 'run_' || g, 'how long?', 'HANDBOOK', now(), 'key_1', 1
+      FROM generate_series(1, 1000) AS g
+    """,
+    """
+    INSERT INTO citations (tenant, citation_id, run_id, ordinal, document_id, document_version,
+                           chunk_id, span_start, span_end, utf8_start, utf8_end, utf16_start,
+                           utf16_end, score, branches, retrieved_at, span_hmac)
+    SELECT 'acme', 'cit_' || g, 'run_' || g, 0, 'doc_' || (1 + g % 50), 'v1', 'c1',
+           0, 10, 0, 10, 0, 10, 0.5, '{}', now(), repeat('0', 64)
+      FROM generate_series(1, 1000) AS g
+    """,
+    "ANALYZE document_versions, runs, citations",
+]
+
+
+def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, list):
+        return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]::text[]"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+async def test_a_resolve_reads_each_citation_s_own_rows_whatever_the_tenant_holds(
+    committed: Committed,
+) -> None:
+    async with committed.owner.begin() as connection:
+        for statement in _SMALL_TENANT:
+            await connection.execute(text(statement))
+    reader = Reader(committed.keys.secrets[("acme", "support")], frozenset(READERS))
+    for count in (1, 100):
+        ids = [f"cit_{g}" for g in range(1, count + 1)]
+        for statement, arguments in (
+            (citations._RESOLVE_KEYED, [*reader.key_arguments(), ids]),
+            (citations._RESOLVE, ["acme", ids]),
+        ):
+            async with committed.sessionmaker() as session, session.begin():
+                await db.scope_to_tenant(session, "acme")
+                # As `db.StatementPool` plans it: once, for any tenant and any number of ids.
+                await session.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
+                raw = await (await session.connection()).get_raw_connection()
+                driver = raw.driver_connection
+                assert driver is not None
+                await driver.execute(f"PREPARE resolving AS {statement}")
+                listed = ", ".join(_literal(a) for a in arguments)
+                [explained] = await driver.fetchval(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE resolving({listed})"
+                )
+                await driver.execute("DEALLOCATE resolving")
+            read: dict[str, float] = {}
+            for node in _plan_nodes(explained["Plan"]):
+                if "Relation Name" in node:
+                    rows = node["Actual Rows"] * node["Actual Loops"]
+                    read[node["Relation Name"]] = read.get(node["Relation Name"], 0) + rows
+            # Each citation's own rows, its version and its document's newest; never every
+            # version of the tenant, hashed or merged, for every read.
+            assert read["citations"] == count
+            assert read["document_versions"] <= 2 * count, (count, read)
 
 
 # What a resolved row puts in a body: text of any code points a database can hold, offsets and

@@ -113,7 +113,15 @@ class Resolution:
 
 
 def _resolve_statement(*, tenant: str, ids: str) -> str:
-    """The one statement resolving a batch, given how it names its tenant and its ids."""
+    """The one statement resolving a batch, given how it names its tenant and its ids.
+
+    Each citation's version, chunk and erasure are looked up by their keys, one citation at a
+    time (`LATERAL`, with `OFFSET 0` so that the planner cannot turn it back into a join). The
+    plan is generic (`db.StatementPool`): it knows neither the tenant nor how many ids there
+    are, and, left to join freely, it hashed or merged every version of the tenant on every
+    read, a cost that grew with the tenant's documents: an excerpt's database CPU went from
+    0.11 to 0.33 ms once its tenant had registered 670 versions more.
+    """
     return f"""
     SELECT c.citation_id, c.document_id, c.document_version, c.span_start, c.span_end,
            c.uri, c.page, c.section, c.span_sha256,
@@ -121,13 +129,23 @@ def _resolve_statement(*, tenant: str, ids: str) -> str:
            v.erased_at, e.request_ref,
            CASE WHEN newest.seq > v.seq THEN newest.version END AS superseded_by
       FROM citations c
-      JOIN document_versions v
-        ON v.tenant = c.tenant AND v.document_id = c.document_id
-       AND v.version = c.document_version
-      LEFT JOIN chunks ch
-        ON ch.tenant = c.tenant AND ch.document_id = c.document_id
-       AND ch.version = c.document_version AND ch.chunk_id = c.chunk_id
-      LEFT JOIN erasures e ON e.tenant = v.tenant AND e.erasure_id = v.erasure_id
+      CROSS JOIN LATERAL (
+        SELECT v.seq, v.erased_at, v.erasure_id FROM document_versions v
+         WHERE v.tenant = c.tenant AND v.document_id = c.document_id
+           AND v.version = c.document_version
+        OFFSET 0
+      ) v
+      LEFT JOIN LATERAL (
+        SELECT ch.text, ch.span_start FROM chunks ch
+         WHERE ch.tenant = c.tenant AND ch.document_id = c.document_id
+           AND ch.version = c.document_version AND ch.chunk_id = c.chunk_id
+        OFFSET 0
+      ) ch ON true
+      LEFT JOIN LATERAL (
+        SELECT e.request_ref FROM erasures e
+         WHERE e.tenant = c.tenant AND e.erasure_id = v.erasure_id
+        OFFSET 0
+      ) e ON true
       -- The newest live version depends on the document alone, not on the cited version, so
       -- PostgreSQL can memoize it per document when a batch cites a document more than once.
       LEFT JOIN LATERAL (
