@@ -457,6 +457,17 @@ def settle(
             return
 
 
+def quiesce(url: str, processes: Sequence[psutil.Process]) -> None:
+    """Vacuum what the loads so far wrote, then `settle`: before every timed load.
+
+    The registrations alone write hundreds of MB. Left to autovacuum, that is taken up on its
+    own schedule, inside whichever load comes next, and counted as that load's (an excerpt's
+    p50 went from 0.9 ms to 40 ms while it ran in an open loop).
+    """
+    asyncio.run(vacuum(libpq(url), (*WRITTEN_TABLES, floor.TABLE)))
+    settle(processes)
+
+
 class MemoryWatch:
     """Samples the resident set size of some processes until stopped, keeping each one's peak."""
 
@@ -897,7 +908,7 @@ def measure_block(
                         OperationResult(operation.key, operation.label, operation.kind),
                     )
                     floor_load = floor_loads[operation.kind]
-                    settle(quiet)
+                    quiesce(url, quiet)
                     on_floor = timed_load(
                         floor_workers,
                         postmaster,
@@ -906,7 +917,7 @@ def measure_block(
                         seconds=args.duration,
                         connections=args.connections,
                     )
-                    settle(quiet)
+                    quiesce(url, quiet)
                     on_service = timed_load(
                         service_workers,
                         postmaster,
@@ -940,12 +951,7 @@ def measure_block(
                 for operation in measured:
                     result = block.results[operation.key]
                     rate = RATE_SHARE * result.rps
-                    # What the loads before it wrote (the registrations alone: hundreds of MB)
-                    # is vacuumed first. Left to autovacuum, it is taken up on autovacuum's own
-                    # schedule, inside a window (an excerpt's p50 went from 0.9 ms to 40 ms while
-                    # it ran), and timed as the operation's tail.
-                    asyncio.run(vacuum(libpq(url), (*WRITTEN_TABLES, floor.TABLE)))
-                    settle(quiet)
+                    quiesce(url, quiet)
                     machine_before = psutil.cpu_times()
                     autovacuumed_before, _ = asyncio.run(autovacuum_state(libpq(url)))
                     waited_before, loop_started = cpu_waited_seconds(), time.monotonic()
