@@ -51,6 +51,13 @@ async def admin_execute(url: str, statement: str) -> None:
         await connection.close()
 
 
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of an `EXPLAIN (FORMAT JSON)` plan, the plan's own first."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
+
+
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
     """A PostgreSQL server: TEST_DATABASE_URL, or the embedded one for the session."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,7 +26,7 @@ from app.audit.queries import AUDITOR_ROLE
 from app.config import Settings
 from app.db import async_url, create_engine, create_sessionmaker, migrate, request_url
 from app.main import create_app
-from tests.conftest import admin_execute
+from tests.conftest import admin_execute, plan_nodes
 from tests.factories import Keys, make_keys
 
 ROWS = 300_000
@@ -187,12 +187,6 @@ async def volume(server_url: str) -> AsyncIterator[Volume]:
         await admin_execute(server_url, f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
-
-
 def _requests() -> list[tuple[str, str, dict[str, Any]]]:
     week_ago = (datetime.now(UTC) - timedelta(days=7)).isoformat()
     day_ago = (datetime.now(UTC) - timedelta(days=1)).isoformat()
@@ -272,7 +266,7 @@ async def test_every_audit_query_reads_the_big_tables_through_indexes(volume: Vo
             if not statement.lstrip().upper().startswith("SELECT") or "set_config" in statement:
                 continue
             plan = await _explain(volume.engine, statement, parameters, admin=admin)
-            for node in _nodes(plan):
+            for node in plan_nodes(plan):
                 relation = node.get("Relation Name")
                 if relation is None:
                     continue

@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import logging
 import re
-from collections.abc import Iterator
 from datetime import UTC
 from typing import Any
 
@@ -30,7 +29,7 @@ from app.citations.schemas import ResolveRead
 from app.config import Settings
 from app.grounding.models import Excerpt, Tombstone
 from app.main import create_app
-from tests.conftest import Committed, serving, statements_sent
+from tests.conftest import Committed, plan_nodes, serving, statements_sent
 from tests.factories import (
     POLICY_TEXT,
     Keys,
@@ -825,12 +824,6 @@ _SMALL_TENANT = [
 ]
 
 
-def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _plan_nodes(child)
-
-
 def _literal(value: object) -> str:
     if isinstance(value, list):
         return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]::text[]"
@@ -864,7 +857,7 @@ async def test_a_resolve_reads_each_citation_s_own_rows_whatever_the_tenant_hold
                 )
                 await driver.execute("DEALLOCATE resolving")
             read: dict[str, float] = {}
-            for node in _plan_nodes(explained["Plan"]):
+            for node in plan_nodes(explained["Plan"]):
                 if "Relation Name" in node:
                     rows = node["Actual Rows"] * node["Actual Loops"]
                     read[node["Relation Name"]] = read.get(node["Relation Name"], 0) + rows
