@@ -1259,11 +1259,16 @@ def checks(blocks: Sequence[Block], seeding: Sequence[tuple[int, SeedReport]]) -
         small, large = by_scale[scales[0]], by_scale[scales[-1]]
         for key, result in large.results.items():
             if key in small.results:
-                ratio = result.p50 / small.results[key].p50
+                # Each size's p50 over its own floor's, measured beside it: the sizes are
+                # measured many minutes apart, and a shared machine's speed drifts between them
+                # as much as the target allows. The raw ratio is shown beside it.
+                ratio = result.p50_ratio / small.results[key].p50_ratio
+                raw = result.p50 / small.results[key].p50
                 found.append(
                     Check(
-                        f"[{workers}w] {key}: p50 at {scales[-1]:,} <= 1.25 x p50 at {scales[0]:,}",
-                        f"{ratio:.2f}",
+                        f"[{workers}w] {key}: p50 at {scales[-1]:,} <= 1.25 x p50 at"
+                        f" {scales[0]:,} (each over its floor's p50)",
+                        f"{ratio:.2f} (raw {raw:.2f})",
                         ratio <= 1.25,
                     )
                 )

@@ -23,8 +23,10 @@ from bench import floor, payloads, seed
 from bench.load import COUNTER, Load, Measurement, constant_rate, lua_script, slow_spells
 from bench.profile import hot_spots
 from bench.run import (
+    Block,
     OperationResult,
     Pair,
+    checks,
     cpu_waited_seconds,
     database_cpu_seconds,
     psi_some_total,
@@ -269,6 +271,41 @@ def test_cpu_per_request_and_its_ratio_to_the_floor_are_taken_repeat_by_repeat()
     ]
     assert result.database_cpu_ms == 2.0
     assert result.pairs[0].floor_database_cpu_ms == 1.0
+
+
+def test_the_scale_check_holds_each_sizes_p50_against_its_own_floors() -> None:
+    def block(scale: int, floor_p50: float, verify_p50: float, runs_p50: float) -> Block:
+        def result(key: str, p50: float) -> OperationResult:
+            made = OperationResult(key, key, "write")
+            made.pairs.append(
+                Pair(
+                    Measurement(1000, 10.0, floor_p50, 2 * floor_p50, 0, 0),
+                    Measurement(250, 10.0, p50, 2 * p50, 0, 0),
+                    floor_cpu=1.0,
+                    operation_cpu=1.0,
+                )
+            )
+            return made
+
+        return Block(
+            scale=scale,
+            workers=1,
+            rows_before={},
+            results={"verify": result("verify", verify_p50), "runs": result("runs", runs_p50)},
+        )
+
+    # The machine is a third slower at the large size (the floor too); runs grew no more than
+    # that, verification grew half again beyond it.
+    found = {
+        c.target.split(":")[0]: c
+        for c in checks([block(10_000, 1.0, 4.0, 5.0), block(1_000_000, 1.3, 7.8, 6.5)], [])
+        if "p50 at" in c.target
+    }
+
+    assert found["[1w] runs"].passed
+    assert found["[1w] runs"].found == "1.00 (raw 1.30)"
+    assert not found["[1w] verify"].passed
+    assert found["[1w] verify"].found == "1.50 (raw 1.95)"
 
 
 # `psutil.cpu_times()` as Linux gives it, and as a system that counts no steal gives it.
