@@ -4,7 +4,8 @@ Invariants kept here:
 - a log line carries what its caller put in it (the request log: request id, tenant, route
   template, method, status, duration), never a request body or a query string;
 - an exception is written as its type alone, never its message or traceback: a database
-  error's message can quote stored text.
+  error's message can quote stored text;
+- a line written without a record (`log_fields`) is the line its record would have made.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 
@@ -44,12 +46,80 @@ class JsonFormatter(logging.Formatter):
         entry.update({name: v for name, v in vars(record).items() if name not in _NOT_EXTRA})
         if record.exc_info and record.exc_info[0] is not None:
             entry["exc_type"] = record.exc_info[0].__name__
-        # One line a request: orjson writes it in half the time. What it refuses (an integer
-        # past 64 bits, a key that is not a string) the standard encoder writes.
+        return _json_line(entry)
+
+
+def _json_line(entry: dict[str, Any]) -> str:
+    # One line a request: orjson writes it in half the time. What it refuses (an integer past
+    # 64 bits, a key that is not a string) the standard encoder writes.
+    try:
+        return orjson.dumps(entry, default=str).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+class JsonLineHandler(logging.StreamHandler[TextIO]):
+    """The service's handler: a `StreamHandler` that also writes lines made without a record
+    (`log_fields`), under the same lock, so that no two lines interleave."""
+
+    def write_line(self, line: str) -> None:
+        self.acquire()
         try:
-            return orjson.dumps(entry, default=str).decode()
-        except orjson.JSONEncodeError:
-            return json.dumps(entry, ensure_ascii=False, default=str)
+            self.stream.write(line + self.terminator)
+            self.stream.flush()
+        finally:
+            self.release()
+
+
+def log_fields(logger: logging.Logger, message: str, fields: dict[str, Any]) -> None:
+    """Log `message` with `fields` at INFO, as `logger.info(message, extra=fields)` would.
+
+    Where the record would reach one handler, the service's (`JsonLineHandler` writing with
+    `JsonFormatter`), and no filter, its line is made and written without the record: the
+    request log's line cost a request 27 us through `logging`, 10 us this way. Anywhere else (a
+    test's capturing handler, a filter, a second handler) it goes through `logging`, and a line
+    that fails to write is given to it again, to be reported as `logging` reports failures.
+    """
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    handler = _sole_json_handler(logger)
+    if handler is not None:
+        entry = {
+            "time": timestamp(time.time()),
+            "level": "INFO",
+            "logger": logger.name,
+            "message": message,
+            **fields,
+        }
+        try:
+            handler.write_line(_json_line(entry))
+            return
+        except Exception:
+            pass  # given to `logging` below, which reports it as it reports its own
+    logger.info(message, extra=fields)
+
+
+def _sole_json_handler(logger: logging.Logger) -> JsonLineHandler | None:
+    """The one handler an INFO record of `logger` reaches, when it is the service's and
+    nothing filters the record; else None. Walked as `Logger.callHandlers` walks."""
+    if logger.filters:
+        return None
+    found: JsonLineHandler | None = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            if handler.level > logging.INFO:
+                continue
+            if (
+                found is not None
+                or type(handler) is not JsonLineHandler
+                or handler.filters
+                or type(handler.formatter) is not JsonFormatter
+            ):
+                return None
+            found = handler
+        current = current.parent if current.propagate else None
+    return found
 
 
 def timestamp(created: float) -> str:
@@ -81,7 +151,7 @@ def logging_config(level: str = "INFO") -> dict[str, Any]:
         "formatters": {"json": {"()": "app.logs.JsonFormatter"}},
         "handlers": {
             "stderr": {
-                "class": "logging.StreamHandler",
+                "class": "app.logs.JsonLineHandler",
                 "formatter": "json",
                 "stream": "ext://sys.stderr",
             }

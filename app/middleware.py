@@ -30,6 +30,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import AppError, InvalidRequest, PayloadTooLarge, internal_error, problem
+from app.logs import log_fields
 from app.metrics import Metrics
 
 logger = logging.getLogger("app.requests")
@@ -165,9 +166,10 @@ class RequestGuard:
         status = str(exchange.status) if exchange.status is not None else "none"
         self.metrics.observe_request(route=route, method=method, status=status, seconds=seconds)
         principal = scope.get("state", {}).get("principal")
-        logger.info(
+        log_fields(
+            logger,
             "request",
-            extra={
+            {
                 "request_id": exchange.request_id,
                 "tenant": getattr(principal, "tenant", None),
                 "route": route,

@@ -9,6 +9,7 @@ Marked `faults`: together they take a few minutes (`pytest -m faults` runs them 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -421,6 +422,11 @@ async def test_sigterm_drains_a_request_in_flight_then_stops_the_database(tmp_pa
         postgres_left = postgres_processes(served.data_dir)
         log = (served.pgdata / "log").read_text(errors="replace")
         pid_file_left = (served.pgdata / "postmaster.pid").exists()
+        request_lines = [
+            json.loads(line)
+            for line in served.log.read_text(encoding="utf-8").splitlines()
+            if '"logger":"app.requests"' in line
+        ]
 
         # The run it answered 201 was committed: a new service on the data directory has it.
         with serve(served.data_dir) as again:
@@ -428,6 +434,10 @@ async def test_sigterm_drains_a_request_in_flight_then_stops_the_database(tmp_pa
                 read = await client.get(f"/v1/runs/{response.json()['run_id']}")
 
     assert response.status_code == 201, response.text
+    # The drained request's line was written, as every request's is, before the worker left.
+    drained = [line for line in request_lines if line["route"] == "/v1/runs"]
+    assert [(d["method"], d["status"], d["tenant"]) for d in drained] == [("POST", 201, TENANT)]
+    assert drained[0]["request_id"] == response.headers["x-request-id"]
     assert exit_status == 0
     assert took < 15
     assert postgres_left == []

@@ -11,6 +11,7 @@ server's own log, problems answered for database errors.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import os
@@ -18,11 +19,13 @@ import secrets
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import asyncpg
 import httpx
@@ -45,7 +48,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from app.config import Settings
-from app.logs import JsonFormatter, logging_config, timestamp
+from app.logs import JsonFormatter, JsonLineHandler, log_fields, logging_config, timestamp
 from app.main import create_app
 from app.telemetry import otlp_tracer_provider
 from tests.conftest import serving
@@ -536,6 +539,109 @@ def test_the_json_formatter_writes_what_the_standard_encoder_would(extra: dict[s
     assert "\n" not in line
     # As the standard encoder writes it, read back: an integer key then reads as a string.
     assert written == json.loads(json.dumps(extra, default=str))
+
+
+class Captured(logging.Handler):
+    """Keeps the records it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def passing(self, record: logging.LogRecord) -> bool:
+        """As a filter: keep the record, and let it pass."""
+        self.emit(record)
+        return True
+
+
+@contextmanager
+def json_logger(*others: logging.Handler) -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    """A logger of its own writing as `grounding serve` configures it, beside any `others`."""
+    written = io.StringIO()
+    handler = JsonLineHandler(written)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger(f"probe.{secrets.token_hex(4)}")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for added in (handler, *others):
+        logger.addHandler(added)
+    try:
+        yield logger, written
+    finally:
+        for added in (handler, *others):
+            logger.removeHandler(added)
+
+
+@given(fields=st.dictionaries(st.from_regex(r"^x_[a-z]{1,8}$"), _LOGGED_VALUES, max_size=4))
+def test_a_line_written_without_a_record_is_the_line_its_record_makes(
+    fields: dict[str, Any],
+) -> None:
+    with (
+        json_logger() as (logger, written),
+        # The same instant for both: records read it from time_ns on newer Pythons.
+        mock.patch("time.time", return_value=1_767_225_599.25),
+        mock.patch("time.time_ns", return_value=1_767_225_599_250_000_000),
+    ):
+        log_fields(logger, "request", fields)
+        logger.info("request", extra=fields)
+
+    direct, through_logging, end = written.getvalue().split("\n")
+    assert (direct, end) == (through_logging, "")
+    assert json.loads(direct)["time"] == "2025-12-31T23:59:59.250+00:00"
+
+
+def test_a_line_goes_through_logging_wherever_anything_else_would_see_its_record() -> None:
+    fields = {"request_id": "r-1", "status": 200}
+
+    def logged(logger: logging.Logger, written: io.StringIO, seen: Captured) -> None:
+        log_fields(logger, "request", fields)
+        assert [(r.getMessage(), r.__dict__["request_id"]) for r in seen.records] == [
+            ("request", "r-1")
+        ]
+        assert json.loads(written.getvalue())["request_id"] == "r-1"
+
+    # A second handler (a test's capture, say) gets the record, as does a filter of the logger
+    # or of the service's handler.
+    seen = Captured()
+    with json_logger(seen) as (logger, written):
+        logged(logger, written, seen)
+    seen = Captured()
+    with json_logger() as (logger, written):
+        logger.addFilter(seen.passing)
+        logged(logger, written, seen)
+    seen = Captured()
+    with json_logger() as (logger, written):
+        logger.handlers[0].addFilter(seen.passing)
+        logged(logger, written, seen)
+    # A handler above its level, or below the logger's, is no reason to.
+    with json_logger() as (logger, written):
+        quiet = Captured()
+        quiet.setLevel(logging.WARNING)
+        logger.addHandler(quiet)
+        with mock.patch.object(logging.Logger, "makeRecord") as made:
+            log_fields(logger, "request", fields)
+        made.assert_not_called()
+        assert json.loads(written.getvalue())["status"] == 200
+        logger.setLevel(logging.WARNING)
+        log_fields(logger, "request", fields)
+        assert len(written.getvalue().splitlines()) == 1
+        logger.removeHandler(quiet)
+
+
+def test_a_line_that_fails_to_write_is_reported_as_logging_reports_failures() -> None:
+    class Broken(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError("no space left on device")
+
+    with json_logger() as (logger, _), mock.patch.object(JsonLineHandler, "handleError") as failed:
+        logger.handlers[0].setStream(Broken())  # type: ignore[attr-defined]
+        log_fields(logger, "request", {"request_id": "r-2"})
+
+    [(record,), _] = failed.call_args
+    assert (record.getMessage(), record.request_id) == ("request", "r-2")
 
 
 # Up to the last second of year 9999, past which `datetime` writes no time at all.
