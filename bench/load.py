@@ -75,6 +75,9 @@ class Measurement:
     unexpected: int
     slow: SlowSpells | None = None
     own_cpu_share: float | None = None
+    # The most any request was sent after it was due: the generator's own lateness. A spell
+    # longer than this was the server's, not a pause of the generator.
+    late_ms: float | None = None
 
     @property
     def rps(self) -> float:
@@ -302,11 +305,14 @@ async def constant_rate(
     with _collector_paused():
         cpu_before = time.process_time()
         started = time.perf_counter()
+        late = 0.0
         for i, request in enumerate(prepared):
             due = started + i / rate
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            else:
+                late = max(late, -delay)
             queue.put_nowait((due, request))
         for _ in workers:
             queue.put_nowait(None)
@@ -324,4 +330,5 @@ async def constant_rate(
         unexpected=sum(1 for s in statuses if s != load.expect),
         slow=slow_spells(timed, SLOW_OVER_P50 * p50),
         own_cpu_share=own_cpu / elapsed if elapsed else None,
+        late_ms=late * 1000,
     )

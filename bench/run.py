@@ -1135,7 +1135,9 @@ def report_block(block: Block) -> None:
             f"open loop at {RATE_SHARE:.0%} of each operation's rate (latency from due time;"
             f" slow: over {SLOW_OVER_P50} x p50, in spells of consecutive requests; autovacuum:"
             " tables it vacuumed or analyzed meanwhile; loop CPU: this process's, the generator's,"
-            " share of a core; waited: the share of the time some task waited for a core):"
+            " share of a core; sent late: the most the generator sent a request after it was due,"
+            " so a longer spell was the server's; waited: the share of the time some task waited"
+            " for a core):"
         )
         _table(
             [
@@ -1151,6 +1153,7 @@ def report_block(block: Block) -> None:
                 "longest ms",
                 "autovacuum",
                 "loop CPU",
+                "sent late ms",
                 "waited",
                 "stolen",
             ],
@@ -1168,6 +1171,7 @@ def report_block(block: Block) -> None:
                     f"{loop.slow.longest_ms:.0f}" if loop.slow else "-",
                     "-" if r.open_loop_autovacuum is None else str(r.open_loop_autovacuum),
                     _share(loop.own_cpu_share),
+                    _ms(loop.late_ms),
                     _share(r.open_loop_cpu_waited),
                     _share(r.open_loop_stolen),
                 ]

@@ -11,6 +11,7 @@ import gc
 import hashlib
 import hmac
 import secrets
+import time
 from collections import namedtuple
 from collections.abc import AsyncIterator
 
@@ -114,6 +115,41 @@ async def test_the_open_loop_sends_at_its_rate_and_no_collection_runs_while_it_t
     assert 0 <= measured.slow.share <= 1
     assert measured.own_cpu_share is not None
     assert measured.own_cpu_share > 0
+    assert measured.late_ms is not None
+    assert measured.late_ms >= 0
+
+
+async def test_the_open_loop_says_how_late_it_sent_when_it_was_held_up() -> None:
+    answered = 0
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                answered += 1
+                if answered == 20:
+                    # The generator shares this event loop: blocking it holds the generator up.
+                    time.sleep(0.3)  # noqa: ASYNC251 - blocking is the point
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        measured = await constant_rate(
+            "127.0.0.1", port, Load("GET", (("/x", None),)), rate=200, seconds=0.5, connections=4
+        )
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert measured.requests == 100
+    assert measured.late_ms is not None
+    assert measured.late_ms >= 250
 
 
 def test_slow_requests_in_a_row_are_one_spell_from_first_due_to_last_answer() -> None:
