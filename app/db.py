@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Generic, Protocol, TypeVar
 
 import asyncpg
 from alembic import command
@@ -33,7 +33,9 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.orm import DeclarativeBase
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import AsyncAdaptedQueuePool, ConnectionPoolEntry, NullPool
+from sqlalchemy.util.concurrency import await_
+from sqlalchemy.util.queue import Empty, Full, QueueCommon
 
 import migrations
 from app.config import Settings
@@ -84,6 +86,7 @@ def create_engine(settings: Settings, url: str) -> AsyncEngine:
     """The engine for one worker; bound parameters never appear in error messages."""
     return create_async_engine(
         async_url(url),
+        poolclass=HandOffPool,
         pool_size=settings.session_pool_size,
         max_overflow=0,
         pool_timeout=settings.db_connect_timeout,
@@ -355,51 +358,115 @@ def _failure(statement: str, error: BaseException, *, lost: bool) -> DBAPIError:
     return failure
 
 
-class Slots:
-    """At most `size` holders at once, the others waiting in turn, each up to `timeout` seconds:
-    a longer wait is a `PoolTimeoutError`, as a session's wait for a connection is.
+class HandOffQueue(Generic[T]):
+    """Items lent in turn: one given back goes to the first taker still waiting for one, and a
+    taker waits only while none is free. A wait longer than its timeout is a
+    `PoolTimeoutError`, as a session's wait for a connection is.
 
-    A semaphore waited on under `asyncio.timeout` costs 12 us a wait, which most reads pay under
-    load; a timer on the waiter's own future costs 4.
+    `asyncio.Queue` is not fair: an item put back wakes its first waiter, but whoever asks
+    before that waiter runs again takes the item, and the waiter goes to the back of the line.
+    Under a steady load above the pool's size, a request could wait out its whole timeout while
+    later ones were served. Here the item is the waiter's from the moment it is given back.
+
+    A wait under `asyncio.timeout` costs 12 us, which most takers pay under load; a timer on the
+    waiter's own future costs 4.
     """
 
-    def __init__(self, size: int, *, timeout: float) -> None:
-        self._free = size
-        self._timeout = timeout
-        # Every waiter came while none was free: a slot given back goes to the first of them.
-        self._waiters: deque[asyncio.Future[None]] = deque()
+    def __init__(self, items: Iterable[T] = (), *, lifo: bool = False) -> None:
+        self._free: deque[T] = deque(items)
+        self._next = self._free.pop if lifo else self._free.popleft
+        # Every waiter came while none was free: an item given back goes to the first of them.
+        self._waiters: deque[asyncio.Future[T]] = deque()
 
-    async def take(self) -> None:
-        """Hold a slot, waiting for one if none is free."""
+    def free(self) -> int:
+        """How many items are free to take now."""
+        return len(self._free)
+
+    def take_nowait(self) -> T:
+        """A free item; `IndexError` when none is free."""
+        return self._next()
+
+    async def take(self, *, within: float | None) -> T:
+        """An item, waiting up to `within` seconds (None: for as long as it takes) for one if
+        none is free."""
         if self._free:
-            self._free -= 1
-            return
+            return self._next()
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
+        waiter: asyncio.Future[T] = loop.create_future()
         self._waiters.append(waiter)
-        timer = loop.call_later(self._timeout, _expire, waiter)
+        timer = loop.call_later(within, _expire, waiter) if within is not None else None
         try:
-            await waiter
+            return await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self.give_back()  # handed a slot just as it was cancelled: it is not used
+                self.give_back(waiter.result())  # handed one just as it was cancelled: unused
             raise
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
 
-    def give_back(self) -> None:
-        """Give a held slot to the first waiter still waiting, or free it."""
+    def give_back(self, item: T) -> None:
+        """Hand `item` to the first waiter still waiting, or free it."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():  # one that timed out or was cancelled is done
-                waiter.set_result(None)
+                waiter.set_result(item)
                 return
-        self._free += 1
+        self._free.append(item)
 
 
-def _expire(waiter: asyncio.Future[None]) -> None:
+def _expire(waiter: asyncio.Future[Any]) -> None:
     if not waiter.done():
         waiter.set_exception(PoolTimeoutError("no database connection was free in time"))
+
+
+class _HandOffPoolQueue(QueueCommon[ConnectionPoolEntry]):
+    """SQLAlchemy's pool queue as a `HandOffQueue`: the pool's connections in turn."""
+
+    def __init__(self, maxsize: int = 0, use_lifo: bool = False) -> None:
+        self.maxsize = maxsize
+        self.use_lifo = use_lifo
+        self._queue: HandOffQueue[ConnectionPoolEntry] = HandOffQueue(lifo=use_lifo)
+
+    def empty(self) -> bool:
+        return not self._queue.free()
+
+    def full(self) -> bool:
+        return 0 < self.maxsize <= self._queue.free()
+
+    def qsize(self) -> int:
+        return self._queue.free()
+
+    def put_nowait(self, item: ConnectionPoolEntry) -> None:
+        if self.full():
+            raise Full()
+        self._queue.give_back(item)
+
+    def put(
+        self, item: ConnectionPoolEntry, block: bool = True, timeout: float | None = None
+    ) -> None:
+        self.put_nowait(item)  # a connection comes back at once or not at all
+
+    def get_nowait(self) -> ConnectionPoolEntry:
+        try:
+            return self._queue.take_nowait()
+        except IndexError:
+            raise Empty() from None
+
+    def get(self, block: bool = True, timeout: float | None = None) -> ConnectionPoolEntry:
+        if not block:
+            return self.get_nowait()
+        try:
+            return await_(self._queue.take(within=timeout))
+        except PoolTimeoutError:
+            raise Empty() from None
+
+
+class HandOffPool(AsyncAdaptedQueuePool):
+    """SQLAlchemy's pool for asyncio, with its connections handed out in turn (`HandOffQueue`)
+    rather than to whoever asks first once one comes back."""
+
+    _queue_class = _HandOffPoolQueue
 
 
 class StatementPool:
@@ -427,7 +494,7 @@ class StatementPool:
             "server_settings": settings | {"plan_cache_mode": "force_generic_plan"},
         }
         self._timeout = timeout
-        self._slots = Slots(size, timeout=timeout)
+        self._slots: HandOffQueue[None] = HandOffQueue([None] * size)
         self._idle: list[asyncpg.Connection] = []
         self._closed = False
 
@@ -439,7 +506,7 @@ class StatementPool:
 
     async def fetch(self, statement: str, *arguments: object) -> list[Record]:
         """The rows of `statement`, prepared and run by the driver on a lent connection."""
-        await self._slots.take()
+        await self._slots.take(within=self._timeout)
         connection: asyncpg.Connection | None = None
         try:
             connection = self._idle.pop() if self._idle else await self._connect()
@@ -455,7 +522,7 @@ class StatementPool:
                 self._close_idle()
             raise failure from error
         finally:
-            self._slots.give_back()
+            self._slots.give_back(None)
         self._give_back(connection, clean=True)
         return rows
 

@@ -10,7 +10,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import Slots, StatementPool
+from app.db import StatementPool
 from app.errors import database_unreachable
 
 PID = "SELECT pg_backend_pid() AS pid"
@@ -96,69 +96,6 @@ async def test_a_read_that_waits_past_the_timeout_is_a_database_unreachable_erro
         await holding
     finally:
         await pool.close()
-
-
-async def test_slots_go_to_their_waiters_in_turn_and_never_to_more_than_their_size() -> None:
-    slots = Slots(2, timeout=0.2)
-    order: list[int] = []
-
-    async def hold(n: int) -> None:
-        await slots.take()
-        order.append(n)
-        await asyncio.sleep(0.01)
-        slots.give_back()
-
-    holders = [asyncio.create_task(hold(n)) for n in range(2)]
-    await asyncio.sleep(0)
-    waiters = [asyncio.create_task(hold(n)) for n in range(2, 6)]
-    await asyncio.sleep(0)
-    assert order == [0, 1]  # the waiters wait
-
-    await asyncio.gather(*holders, *waiters)
-    assert order == [0, 1, 2, 3, 4, 5]
-    await _take_all(slots, 2)  # every slot came back, and no more
-
-
-async def _take_all(slots: Slots, count: int) -> None:
-    for _ in range(count):
-        await slots.take()
-    with pytest.raises(PoolTimeoutError):
-        await slots.take()
-
-
-async def test_a_waiter_that_times_out_or_is_cancelled_takes_no_slot() -> None:
-    slots = Slots(1, timeout=0.05)
-    await slots.take()
-    with pytest.raises(PoolTimeoutError):
-        await slots.take()
-    cancelled = asyncio.create_task(slots.take())
-    await asyncio.sleep(0)
-    cancelled.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await cancelled
-    later = asyncio.create_task(slots.take())
-    await asyncio.sleep(0)
-
-    slots.give_back()  # to the one still waiting, past the two that left
-    await later
-    slots.give_back()
-    await _take_all(slots, 1)
-
-
-async def test_a_waiter_cancelled_as_it_is_handed_a_slot_gives_it_back() -> None:
-    slots = Slots(1, timeout=0.2)
-    await slots.take()
-    handed = asyncio.create_task(slots.take())
-    next_in_turn = asyncio.create_task(slots.take())
-    await asyncio.sleep(0)
-
-    slots.give_back()
-    handed.cancel()  # before it runs again to take what it was handed
-    with pytest.raises(asyncio.CancelledError):
-        await handed
-    await next_in_turn
-    slots.give_back()
-    await _take_all(slots, 1)
 
 
 async def test_a_failed_statement_is_a_database_error_and_keeps_its_connection(
