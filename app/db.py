@@ -360,7 +360,7 @@ def _failure(statement: str, error: BaseException, *, lost: bool) -> DBAPIError:
 
 class HandOffQueue(Generic[T]):
     """Items lent in turn: one given back goes to the first taker still waiting for one, and a
-    taker waits only while none is free. A wait longer than its timeout is a
+    taker waits only while none is free. A wait longer than the taker allows (`within`) is a
     `PoolTimeoutError`, as a session's wait for a connection is.
 
     `asyncio.Queue` is not fair: an item put back wakes its first waiter, but whoever asks
