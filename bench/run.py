@@ -6,8 +6,9 @@ the same server with the same worker count. It seeds the database by COPY to eac
 `--scales` (chunks and citations alike), and at each size and worker count loads each
 operation with wrk, alternating with its floor (floor, operation, floor, ...), `--repeat`
 times. It then checks tail latency at 70% of each operation's rate with a constant-rate open
-loop, samples a worker with py-spy under two loads, and prints every figure, the ratios to the
-floors, and each target's pass or fail.
+loop, and loads each floor the same way at 70% of its own rate, samples a worker with py-spy
+under two loads, and prints every figure, the ratios to the floors, and each target's pass or
+fail.
 """
 
 from __future__ import annotations
@@ -136,6 +137,33 @@ def median_of_known(values: Iterable[float | None]) -> float | None:
     return statistics.median(cast(list[float], found))
 
 
+@dataclass(frozen=True, slots=True)
+class OpenLoop:
+    """One constant-rate loop at `rate` requests per second, and what shared the cores while it
+    ran."""
+
+    rate: float
+    measured: Measurement
+    stolen: float | None = None
+    # Autovacuum's work meanwhile (tables it finished, and its workers still at it at the end):
+    # it shares the cores with the server.
+    autovacuum: int | None = None
+    # The share of the loop's time in which some task waited for a core.
+    cpu_waited: float | None = None
+
+    @property
+    def tail_ratio(self) -> float | None:
+        """p99 over p50, the tail check's figure; None when nothing was answered."""
+        measured = self.measured
+        return measured.p99_ms / measured.p50_ms if measured.p50_ms else None
+
+    @property
+    def kept_up(self) -> bool:
+        """Whether its rate was served without failures or a growing backlog."""
+        measured = self.measured
+        return measured.errors + measured.unexpected == 0 and measured.rps >= 0.95 * self.rate
+
+
 @dataclass
 class OperationResult:
     """An operation's repeats at one size and worker count."""
@@ -144,13 +172,7 @@ class OperationResult:
     label: str
     kind: str
     pairs: list[Pair] = field(default_factory=list)
-    open_loop: Measurement | None = None
-    open_loop_stolen: float | None = None
-    # Autovacuum's work while the open loop ran (tables it finished, and its workers still at
-    # it at the end): it shares the cores with the service.
-    open_loop_autovacuum: int | None = None
-    # The share of the loop's time in which some task waited for a core.
-    open_loop_cpu_waited: float | None = None
+    open_loop: OpenLoop | None = None
 
     def median(self, pick: Callable[[Pair], float]) -> float:
         return statistics.median(pick(p) for p in self.pairs)
@@ -222,6 +244,15 @@ class Block:
     floor_peak_rss_mb: dict[int, float] = field(default_factory=dict)
     profiles: dict[str, Profile] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Each floor's own open loop, at the same share of its own rate: the tail the stack itself
+    # shows on this machine, beside the operations' (by kind, read or write).
+    floor_open_loops: dict[str, OpenLoop] = field(default_factory=dict)
+
+    def floor_rps(self, kind: str) -> float:
+        """The median rate of the floor of `kind` over every repeat held against it."""
+        return statistics.median(
+            p.floor.rps for r in self.results.values() if r.kind == kind for p in r.pairs
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -829,6 +860,45 @@ def preflight(base_url: str, load: Load, label: str) -> None:
 # --- one block -----------------------------------------------------------------------------
 
 
+def open_loop(
+    args: argparse.Namespace,
+    url: str,
+    port: int,
+    load: Load,
+    *,
+    rate: float,
+    quiet: Sequence[psutil.Process],
+    label: str,
+) -> OpenLoop:
+    """Send `load` to `port` at `rate` in a constant-rate open loop, once the machine is quiet,
+    and note what else took the cores meanwhile."""
+    quiesce(url, quiet)
+    machine_before = psutil.cpu_times()
+    autovacuumed_before, _ = asyncio.run(autovacuum_state(libpq(url)))
+    waited_before, started = cpu_waited_seconds(), time.monotonic()
+    measured = asyncio.run(
+        constant_rate(
+            HOST, port, load, rate=rate, seconds=args.duration, connections=args.connections
+        )
+    )
+    waited = waited_share(waited_before, cpu_waited_seconds(), time.monotonic() - started)
+    stolen = stolen_share(machine_before, psutil.cpu_times())
+    autovacuumed, autovacuuming = asyncio.run(autovacuum_state(libpq(url)))
+    say(
+        f"  open loop {label:<11} at {rate:7.1f} req/s:"
+        f" p50 {measured.p50_ms:7.2f} ms p99 {measured.p99_ms:7.2f} ms"
+        f" ({measured.requests} requests, {measured.errors + measured.unexpected} failed;"
+        f" stolen {_share(stolen)})"
+    )
+    return OpenLoop(
+        rate=rate,
+        measured=measured,
+        stolen=stolen,
+        autovacuum=autovacuumed - autovacuumed_before + autovacuuming,
+        cpu_waited=waited,
+    )
+
+
 def measure_block(
     args: argparse.Namespace,
     *,
@@ -949,34 +1019,26 @@ def measure_block(
                     )
             if not args.no_rate_check:
                 for operation in measured:
-                    result = block.results[operation.key]
-                    rate = RATE_SHARE * result.rps
-                    quiesce(url, quiet)
-                    machine_before = psutil.cpu_times()
-                    autovacuumed_before, _ = asyncio.run(autovacuum_state(libpq(url)))
-                    waited_before, loop_started = cpu_waited_seconds(), time.monotonic()
-                    result.open_loop = asyncio.run(
-                        constant_rate(
-                            HOST,
-                            service_port,
-                            operation.load,
-                            rate=rate,
-                            seconds=args.duration,
-                            connections=args.connections,
+                    kind = operation.kind
+                    if kind not in block.floor_open_loops:
+                        block.floor_open_loops[kind] = open_loop(
+                            args,
+                            url,
+                            floor_port,
+                            floor_loads[kind],
+                            rate=RATE_SHARE * block.floor_rps(kind),
+                            quiet=quiet,
+                            label=f"floor {kind}",
                         )
-                    )
-                    result.open_loop_cpu_waited = waited_share(
-                        waited_before, cpu_waited_seconds(), time.monotonic() - loop_started
-                    )
-                    result.open_loop_stolen = stolen_share(machine_before, psutil.cpu_times())
-                    autovacuumed, autovacuuming = asyncio.run(autovacuum_state(libpq(url)))
-                    result.open_loop_autovacuum = autovacuumed - autovacuumed_before + autovacuuming
-                    loop = result.open_loop
-                    say(
-                        f"  open loop {operation.key:<9} at {rate:7.1f} req/s:"
-                        f" p50 {loop.p50_ms:7.2f} ms p99 {loop.p99_ms:7.2f} ms"
-                        f" ({loop.requests} requests, {loop.errors + loop.unexpected} failed;"
-                        f" stolen {_share(result.open_loop_stolen)})"
+                    result = block.results[operation.key]
+                    result.open_loop = open_loop(
+                        args,
+                        url,
+                        service_port,
+                        operation.load,
+                        rate=RATE_SHARE * result.rps,
+                        quiet=quiet,
+                        label=operation.key,
                     )
             if profile:
                 block.profiles = profile_worker(
@@ -1077,7 +1139,7 @@ def report_block(block: Block) -> None:
         results = [r for r in block.results.values() if r.kind == kind]
         if not results:
             continue
-        floor_rps = statistics.median(p.floor.rps for r in results for p in r.pairs)
+        floor_rps = block.floor_rps(kind)
         floor_p50 = statistics.median(p.floor.p50_ms for r in results for p in r.pairs)
         floor_p99 = statistics.median(p.floor.p99_ms for r in results for p in r.pairs)
         floor_cpu = statistics.median(p.floor_cpu_ms for r in results for p in r.pairs)
@@ -1129,15 +1191,16 @@ def report_block(block: Block) -> None:
         ],
         rows,
     )
-    loops = [(r, r.open_loop) for r in block.results.values() if r.open_loop is not None]
+    loops = [(f"floor {kind}", loop) for kind, loop in block.floor_open_loops.items()]
+    loops += [(f"  {r.key}", r.open_loop) for r in block.results.values() if r.open_loop]
     if loops:
         say(
-            f"open loop at {RATE_SHARE:.0%} of each operation's rate (latency from due time;"
-            f" slow: over {SLOW_OVER_P50} x p50, in spells of consecutive requests; autovacuum:"
-            " tables it vacuumed or analyzed meanwhile; loop CPU: this process's, the generator's,"
-            " share of a core; sent late: the most the generator sent a request after it was due,"
-            " so a longer spell was the server's; waited: the share of the time some task waited"
-            " for a core):"
+            f"open loop at {RATE_SHARE:.0%} of each operation's rate, and of each floor's own"
+            f" (latency from due time; slow: over {SLOW_OVER_P50} x p50, in spells of consecutive"
+            " requests; autovacuum: tables it vacuumed or analyzed meanwhile; loop CPU: this"
+            " process's, the generator's, share of a core; sent late: the most the generator sent"
+            " a request after it was due, so a longer spell was the server's; waited: the share of"
+            " the time some task waited for a core):"
         )
         _table(
             [
@@ -1159,23 +1222,23 @@ def report_block(block: Block) -> None:
             ],
             [
                 [
-                    f"  {r.key}",
-                    f"{RATE_SHARE * r.rps:.1f}",
-                    f"{loop.rps:.1f}",
-                    f"{loop.p50_ms:.2f}",
-                    f"{loop.p99_ms:.2f}",
-                    f"{loop.p99_ms / loop.p50_ms:.2f}" if loop.p50_ms else "-",
-                    str(loop.errors + loop.unexpected),
-                    f"{loop.slow.share:.1%}" if loop.slow else "-",
-                    str(loop.slow.spells) if loop.slow else "-",
-                    f"{loop.slow.longest_ms:.0f}" if loop.slow else "-",
-                    "-" if r.open_loop_autovacuum is None else str(r.open_loop_autovacuum),
-                    _share(loop.own_cpu_share),
-                    _ms(loop.late_ms),
-                    _share(r.open_loop_cpu_waited),
-                    _share(r.open_loop_stolen),
+                    label,
+                    f"{loop.rate:.1f}",
+                    f"{loop.measured.rps:.1f}",
+                    f"{loop.measured.p50_ms:.2f}",
+                    f"{loop.measured.p99_ms:.2f}",
+                    "-" if loop.tail_ratio is None else f"{loop.tail_ratio:.2f}",
+                    str(loop.measured.errors + loop.measured.unexpected),
+                    f"{loop.measured.slow.share:.1%}" if loop.measured.slow else "-",
+                    str(loop.measured.slow.spells) if loop.measured.slow else "-",
+                    f"{loop.measured.slow.longest_ms:.0f}" if loop.measured.slow else "-",
+                    "-" if loop.autovacuum is None else str(loop.autovacuum),
+                    _share(loop.measured.own_cpu_share),
+                    _ms(loop.measured.late_ms),
+                    _share(loop.cpu_waited),
+                    _share(loop.stolen),
                 ]
-                for r, loop in loops
+                for label, loop in loops
             ],
         )
     say(
@@ -1236,23 +1299,25 @@ def checks(blocks: Sequence[Block], seeding: Sequence[tuple[int, SeedReport]]) -
                 found.append(Check(f"{where} {target}", f"{ratio:.3f}", ratio >= share))
         for result in block.results.values():
             loop = result.open_loop
-            if loop is not None and loop.p50_ms:
-                ratio = loop.p99_ms / loop.p50_ms
-                kept_up = _kept_up(result, loop)
-                shown = f"{ratio:.2f}" + (
-                    ""
-                    if kept_up
-                    else f" (did not keep up: {loop.rps:.1f} of {RATE_SHARE * result.rps:.1f}"
-                    f" req/s served, {loop.errors + loop.unexpected} failed)"
+            if loop is None or loop.tail_ratio is None:
+                continue
+            shown = f"{loop.tail_ratio:.2f}"
+            if not loop.kept_up:
+                shown += (
+                    f" (did not keep up: {loop.measured.rps:.1f} of {loop.rate:.1f} req/s served,"
+                    f" {loop.measured.errors + loop.measured.unexpected} failed)"
                 )
-                found.append(
-                    Check(
-                        f"{where} {result.key}: p99 <= {SLOW_OVER_P50} x p50"
-                        f" at {RATE_SHARE:.0%} of max rate",
-                        shown,
-                        ratio <= SLOW_OVER_P50 and kept_up,
-                    )
+            floors_loop = block.floor_open_loops.get(result.kind)
+            if floors_loop is not None and floors_loop.tail_ratio is not None:
+                shown += f" (the {result.kind} floor's own: {floors_loop.tail_ratio:.2f})"
+            found.append(
+                Check(
+                    f"{where} {result.key}: p99 <= {SLOW_OVER_P50} x p50"
+                    f" at {RATE_SHARE:.0%} of max rate",
+                    shown,
+                    loop.tail_ratio <= SLOW_OVER_P50 and loop.kept_up,
                 )
+            )
         peak = max(block.peak_rss_mb.values(), default=0.0)
         found.append(Check(f"{where} peak RSS <= 200 MB per worker", f"{peak:.0f} MB", peak <= 200))
     scales = sorted({b.scale for b in blocks})
@@ -1297,11 +1362,6 @@ def checks(blocks: Sequence[Block], seeding: Sequence[tuple[int, SeedReport]]) -
                 )
             )
     return found
-
-
-def _kept_up(result: OperationResult, loop: Measurement) -> bool:
-    """Whether the open loop's rate was served without failures or a growing backlog."""
-    return loop.errors + loop.unexpected == 0 and loop.rps >= 0.95 * RATE_SHARE * result.rps
 
 
 def report_scaling(blocks: Sequence[Block]) -> None:

@@ -25,6 +25,7 @@ from bench.load import COUNTER, Load, Measurement, constant_rate, lua_script, sl
 from bench.profile import hot_spots
 from bench.run import (
     Block,
+    OpenLoop,
     OperationResult,
     Pair,
     checks,
@@ -333,6 +334,77 @@ def test_the_scale_check_holds_each_sizes_p50_against_its_own_floors() -> None:
     assert found["[1w] runs"].found == "1.00 (raw 1.30)"
     assert not found["[1w] verify"].passed
     assert found["[1w] verify"].found == "1.50 (raw 1.95)"
+
+
+def test_the_tail_check_is_the_operations_own_with_its_floors_tail_beside_it() -> None:
+    def loop(rate: float, served: float, p50: float, p99: float, failed: int = 0) -> OpenLoop:
+        return OpenLoop(rate, Measurement(round(10 * served), 10.0, p50, p99, failed, 0))
+
+    def result(key: str, kind: str, measured: OpenLoop) -> OperationResult:
+        made = OperationResult(key, key, kind)
+        made.pairs.append(Pair(measured.measured, measured.measured, 1.0, 1.0))
+        made.open_loop = measured
+        return made
+
+    block = Block(
+        scale=10_000,
+        workers=1,
+        rows_before={},
+        results={
+            "excerpt": result("excerpt", "read", loop(100.0, 100.0, 1.0, 3.5)),
+            "verify": result("verify", "write", loop(100.0, 100.0, 2.0, 10.0)),
+            # Within the ratio, but it fell behind its rate: not a pass.
+            "runs": result("runs", "write", loop(100.0, 90.0, 2.0, 6.0)),
+            "resolve": result("resolve", "read", loop(100.0, 100.0, 2.0, 6.0, failed=1)),
+        },
+        floor_open_loops={"read": loop(700.0, 700.0, 1.0, 12.5), "write": loop(500, 500, 1.0, 3.0)},
+    )
+
+    found = {c.target.split(":")[0]: c for c in checks([block], []) if "p99" in c.target}
+
+    assert found["[1w, 10,000] excerpt"].passed  # the floor's own tail fails; it is shown only
+    assert found["[1w, 10,000] excerpt"].found == "3.50 (the read floor's own: 12.50)"
+    assert not found["[1w, 10,000] verify"].passed
+    assert found["[1w, 10,000] verify"].found == "5.00 (the write floor's own: 3.00)"
+    assert not found["[1w, 10,000] runs"].passed
+    assert found["[1w, 10,000] runs"].found == (
+        "3.00 (did not keep up: 90.0 of 100.0 req/s served, 0 failed) (the write floor's own: 3.00)"
+    )
+    assert not found["[1w, 10,000] resolve"].passed
+    assert "1 failed" in found["[1w, 10,000] resolve"].found
+    # With no floor loop (the check skipped, or an older run), the operation's figure alone.
+    block.floor_open_loops.clear()
+    alone = {c.target.split(":")[0]: c for c in checks([block], []) if "p99" in c.target}
+    assert alone["[1w, 10,000] excerpt"].found == "3.50"
+
+
+def test_a_floors_rate_is_the_median_over_every_repeat_held_against_it() -> None:
+    def result(key: str, kind: str, floor_rates: list[int]) -> OperationResult:
+        made = OperationResult(key, key, kind)
+        made.pairs += [
+            Pair(
+                Measurement(rate * 10, 10.0, 1.0, 2.0, 0, 0),
+                Measurement(10, 10.0, 1, 2, 0, 0),
+                1,
+                1,
+            )
+            for rate in floor_rates
+        ]
+        return made
+
+    block = Block(
+        scale=10_000,
+        workers=1,
+        rows_before={},
+        results={
+            "excerpt": result("excerpt", "read", [900, 1000]),
+            "resolve": result("resolve", "read", [1100]),
+            "verify": result("verify", "write", [400, 500, 600]),
+        },
+    )
+
+    assert block.floor_rps("read") == 1000.0
+    assert block.floor_rps("write") == 500.0
 
 
 # `psutil.cpu_times()` as Linux gives it, and as a system that counts no steal gives it.
