@@ -25,6 +25,7 @@ from bench.load import COUNTER, Load, Measurement, constant_rate, lua_script, sl
 from bench.profile import hot_spots
 from bench.run import (
     Block,
+    Check,
     OpenLoop,
     OperationResult,
     Pair,
@@ -405,6 +406,39 @@ def test_a_floors_rate_is_the_median_over_every_repeat_held_against_it() -> None
 
     assert block.floor_rps("read") == 1000.0
     assert block.floor_rps("write") == 500.0
+
+
+def test_the_two_worker_check_says_how_many_cores_one_workers_load_left() -> None:
+    def block(workers: int, rps: float, generator_cpu: float | None) -> Block:
+        made = OperationResult("verify", "verify", "write")
+        # Ten seconds each: the worker 9.0 CPU seconds then 11.0, PostgreSQL 3.0 then 5.0.
+        made.pairs += [
+            Pair(
+                Measurement(5000, 10.0, 1.0, 2.0, 0, 0),
+                Measurement(round(10 * rps), 10.0, 1.0, 2.0, 0, 0),
+                floor_cpu=1.0,
+                operation_cpu=worker,
+                operation_database_cpu=database,
+                operation_generator_cpu=generator_cpu,
+            )
+            for worker, database in ((9.0, 3.0), (11.0, 5.0))
+        ]
+        return Block(scale=10_000, workers=workers, rows_before={}, results={"verify": made})
+
+    def two_worker_check(one: Block, two: Block) -> Check:
+        (found,) = [c for c in checks([one, two], [], cores=2) if "two workers" in c.target]
+        return found
+
+    # One worker kept 1.0 + 0.4 + 0.1 = 1.5 cores busy: two cores allow 1.33 x at most.
+    found = two_worker_check(block(1, 300.0, 1.0), block(2, 375.0, 1.0))
+    assert not found.passed
+    assert found.found == (
+        "1.25 (one worker's load kept 1.50 of the 2 cores busy: the worker 1.00, PostgreSQL"
+        " 0.40, wrk 0.10; so the cores allow at most 1.33 x)"
+    )
+    assert two_worker_check(block(1, 300.0, 1.0), block(2, 480.0, 1.0)).passed
+    # wrk's time unknown: the ratio alone, nothing made up.
+    assert two_worker_check(block(1, 300.0, None), block(2, 375.0, None)).found == "1.25"
 
 
 # `psutil.cpu_times()` as Linux gives it, and as a system that counts no steal gives it.
