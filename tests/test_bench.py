@@ -14,6 +14,7 @@ import secrets
 import time
 from collections import namedtuple
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import asyncpg
 import psutil
@@ -38,6 +39,12 @@ from bench.run import (
     waited_share,
 )
 from tests.conftest import Committed, admin_execute, serving
+
+
+def a_block(*results: OperationResult, workers: int = 1, **fields: Any) -> Block:
+    """A block at 10,000 of `results`, by key."""
+    made = {r.key: r for r in results}
+    return Block(scale=10_000, workers=workers, rows_before={}, results=made, **fields)
 
 
 @pytest.fixture
@@ -67,6 +74,18 @@ async def test_floor_reads_by_primary_key_and_writes_in_one_transaction(
         assert written.json()["ref"] == 7
         assert written.json()["id"] == 11
         assert (await client.get("/floor/read/999")).status_code == 404
+        # A connection given back is not reset (asyncpg's default sends `RESET ALL` and three
+        # more statements): its last statement is the route's own.
+        watcher = await asyncpg.connect(floor_url)
+        try:
+            last = await watcher.fetch(
+                "SELECT query FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await watcher.close()
+        assert last
+        assert all(row["query"].startswith(("SELECT id", "INSERT", "COMMIT")) for row in last)
 
 
 def test_wrk_script_rotates_requests_and_reports_percentiles() -> None:
@@ -347,17 +366,12 @@ def test_the_tail_check_is_the_operations_own_with_its_floors_tail_beside_it() -
         made.open_loop = measured
         return made
 
-    block = Block(
-        scale=10_000,
-        workers=1,
-        rows_before={},
-        results={
-            "excerpt": result("excerpt", "read", loop(100.0, 100.0, 1.0, 3.5)),
-            "verify": result("verify", "write", loop(100.0, 100.0, 2.0, 10.0)),
-            # Within the ratio, but it fell behind its rate: not a pass.
-            "runs": result("runs", "write", loop(100.0, 90.0, 2.0, 6.0)),
-            "resolve": result("resolve", "read", loop(100.0, 100.0, 2.0, 6.0, failed=1)),
-        },
+    block = a_block(
+        result("excerpt", "read", loop(100.0, 100.0, 1.0, 3.5)),
+        result("verify", "write", loop(100.0, 100.0, 2.0, 10.0)),
+        # Within the ratio, but it fell behind its rate: not a pass.
+        result("runs", "write", loop(100.0, 90.0, 2.0, 6.0)),
+        result("resolve", "read", loop(100.0, 100.0, 2.0, 6.0, failed=1)),
         floor_open_loops={"read": loop(700.0, 700.0, 1.0, 12.5), "write": loop(500, 500, 1.0, 3.0)},
     )
 
@@ -393,15 +407,10 @@ def test_a_floors_rate_is_the_median_over_every_repeat_held_against_it() -> None
         ]
         return made
 
-    block = Block(
-        scale=10_000,
-        workers=1,
-        rows_before={},
-        results={
-            "excerpt": result("excerpt", "read", [900, 1000]),
-            "resolve": result("resolve", "read", [1100]),
-            "verify": result("verify", "write", [400, 500, 600]),
-        },
+    block = a_block(
+        result("excerpt", "read", [900, 1000]),
+        result("resolve", "read", [1100]),
+        result("verify", "write", [400, 500, 600]),
     )
 
     assert block.floor_rps("read") == 1000.0
@@ -423,7 +432,7 @@ def test_the_two_worker_check_says_how_many_cores_one_workers_load_left() -> Non
             )
             for worker, database in ((9.0, 3.0), (11.0, 5.0))
         ]
-        return Block(scale=10_000, workers=workers, rows_before={}, results={"verify": made})
+        return a_block(made, workers=workers)
 
     def two_worker_check(one: Block, two: Block) -> Check:
         (found,) = [c for c in checks([one, two], [], cores=2) if "two workers" in c.target]
