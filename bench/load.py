@@ -83,6 +83,11 @@ class Measurement:
     def rps(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
 
+    @property
+    def failed(self) -> int:
+        """Requests that failed: on the connection, or with a status other than expected."""
+        return self.errors + self.unexpected
+
 
 def wrk_path() -> str | None:
     """The wrk binary, if installed."""

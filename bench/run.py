@@ -164,7 +164,7 @@ class OpenLoop:
     def kept_up(self) -> bool:
         """Whether its rate was served without failures or a growing backlog."""
         measured = self.measured
-        return measured.errors + measured.unexpected == 0 and measured.rps >= 0.95 * self.rate
+        return measured.failed == 0 and measured.rps >= 0.95 * self.rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -923,7 +923,7 @@ def open_loop(
     say(
         f"  open loop {label:<11} at {rate:7.1f} req/s:"
         f" p50 {measured.p50_ms:7.2f} ms p99 {measured.p99_ms:7.2f} ms"
-        f" ({measured.requests} requests, {measured.errors + measured.unexpected} failed;"
+        f" ({measured.requests} requests, {measured.failed} failed;"
         f" stolen {_share(stolen)})"
     )
     return OpenLoop(
@@ -1265,7 +1265,7 @@ def report_block(block: Block) -> None:
                     f"{loop.measured.p50_ms:.2f}",
                     f"{loop.measured.p99_ms:.2f}",
                     "-" if loop.tail_ratio is None else f"{loop.tail_ratio:.2f}",
-                    str(loop.measured.errors + loop.measured.unexpected),
+                    str(loop.measured.failed),
                     f"{loop.measured.slow.share:.1%}" if loop.measured.slow else "-",
                     str(loop.measured.slow.spells) if loop.measured.slow else "-",
                     f"{loop.measured.slow.longest_ms:.0f}" if loop.measured.slow else "-",
@@ -1346,7 +1346,7 @@ def checks(
             if not loop.kept_up:
                 shown += (
                     f" (did not keep up: {loop.measured.rps:.1f} of {loop.rate:.1f} req/s served,"
-                    f" {loop.measured.errors + loop.measured.unexpected} failed)"
+                    f" {loop.measured.failed} failed)"
                 )
             floors_loop = block.floor_open_loops.get(result.kind)
             if floors_loop is not None and floors_loop.tail_ratio is not None:
