@@ -6,9 +6,10 @@ the same server with the same worker count. It seeds the database by COPY to eac
 `--scales` (chunks and citations alike), and at each size and worker count loads each
 operation with wrk, alternating with its floor (floor, operation, floor, ...), `--repeat`
 times. It then checks tail latency at 70% of each operation's rate with a constant-rate open
-loop, and loads each floor the same way at 70% of its own rate, samples a worker with py-spy
-under two loads, and prints every figure, the ratios to the floors, and each target's pass or
-fail.
+loop, and loads each floor the same way at 70% of its own rate. Given one and two workers, it
+then serves both side by side at each size and loads verification on each in turn. It samples
+a worker with py-spy under two loads, and prints every figure, the ratios to the floors, and
+each target's pass or fail.
 """
 
 from __future__ import annotations
@@ -93,8 +94,7 @@ class Operation:
 class Pair:
     """One repeat: the floor's measurement, then the operation's, with the CPU seconds their
     workers spent meanwhile, PostgreSQL's (None when the server is not on this machine), and the
-    share of the machine's CPU time stolen meanwhile (None where the system does not count it),
-    and the load generator's while it loaded the operation."""
+    share of the machine's CPU time stolen meanwhile (None where the system does not count it)."""
 
     floor: Measurement
     operation: Measurement
@@ -104,8 +104,6 @@ class Pair:
     operation_database_cpu: float | None = None
     floor_stolen: float | None = None
     operation_stolen: float | None = None
-    # wrk's own CPU seconds while it loaded the operation.
-    operation_generator_cpu: float | None = None
 
     @property
     def floor_cpu_ms(self) -> float:
@@ -240,21 +238,6 @@ class OperationResult:
         return median_of_known(p.operation_stolen for p in self.pairs)
 
     @property
-    def cores_busy(self) -> CoresBusy | None:
-        """The cores the operation's loads kept busy, over all its repeats; None when wrk's own
-        CPU time is unknown."""
-        seconds = sum(p.operation.seconds for p in self.pairs)
-        generator = [p.operation_generator_cpu for p in self.pairs]
-        if not seconds or None in generator:
-            return None
-        database = [p.operation_database_cpu for p in self.pairs]
-        return CoresBusy(
-            workers=sum(p.operation_cpu for p in self.pairs) / seconds,
-            database=None if None in database else sum(cast(list[float], database)) / seconds,
-            generator=sum(cast(list[float], generator)) / seconds,
-        )
-
-    @property
     def cpu_ratio(self) -> float:
         """The floor's CPU per request over the operation's, each repeat's: the rate ratio the
         worker's own work allows, whatever wrk and PostgreSQL take of the cores."""
@@ -284,6 +267,37 @@ class Block:
         """The median rate of the floor of `kind` over every repeat held against it."""
         return statistics.median(
             p.floor.rps for r in self.results.values() if r.kind == kind for p in r.pairs
+        )
+
+
+@dataclass
+class WorkerComparison:
+    """Verification on a one-worker and a two-worker service side by side on one database,
+    loaded alternately (one, two, one, ...): each pair seconds apart. The blocks are minutes
+    apart, and a shared machine's speed drifts between them by more than the target's margin."""
+
+    scale: int
+    # Each repeat: the one-worker service's load, then the two-worker service's.
+    pairs: list[tuple[Timed, Timed]] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        """The median of each pair's two-worker rate over its one-worker rate."""
+        return statistics.median(
+            two.measured.rps / one.measured.rps if one.measured.rps else 0.0
+            for one, two in self.pairs
+        )
+
+    @property
+    def one_worker_busy(self) -> CoresBusy:
+        """The cores the one-worker loads kept busy, over all the repeats."""
+        ones = [one for one, _ in self.pairs]
+        seconds = sum(t.measured.seconds for t in ones)
+        database = [t.database_cpu for t in ones]
+        return CoresBusy(
+            workers=sum(t.cpu for t in ones) / seconds,
+            database=None if None in database else sum(cast(list[float], database)) / seconds,
+            generator=sum(t.generator_cpu for t in ones) / seconds,
         )
 
 
@@ -660,7 +674,8 @@ async def audit_mark(url: str, tenant: str) -> int:
 
 
 async def forget_block_writes(url: str, credentials: Credentials, mark: int) -> None:
-    """Delete what one block's load wrote, so every block starts at its nominal size."""
+    """Delete what one block's load wrote, and vacuum it away, so every block starts at its
+    nominal size."""
     tenant, key_id = credentials.tenant, credentials.key_id
     connection = await asyncpg.connect(url)
     try:
@@ -695,6 +710,7 @@ async def forget_block_writes(url: str, credentials: Credentials, mark: int) -> 
                 )
     finally:
         await connection.close()
+    await vacuum(url, WRITTEN_TABLES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -896,6 +912,20 @@ def preflight(base_url: str, load: Load, label: str) -> None:
 # --- one block -----------------------------------------------------------------------------
 
 
+def service_environment(url: str, scratch: Path) -> dict[str, str]:
+    """The environment `grounding serve` runs in: this one, on the benchmark's database."""
+    environment = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    return environment | {"DATABASE_URL": url, "GROUNDING_DATA_DIR": str(scratch / "unused")}
+
+
+def service_command(port: int, workers: int) -> list[str]:
+    """`grounding serve` on loopback at `port` with `workers` workers."""
+    return [
+        *grounding_command(),
+        *("serve", "--host", HOST, "--port", str(port), "--workers", str(workers)),
+    ]
+
+
 def open_loop(
     args: argparse.Namespace,
     url: str,
@@ -951,21 +981,10 @@ def measure_block(
 
     block = Block(scale=scale, workers=workers, rows_before=asyncio.run(row_counts(url)))
     asyncio.run(floor.prepare(libpq(url), rows=FLOOR_ROWS))
-    environment = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    environment |= {"DATABASE_URL": url, "GROUNDING_DATA_DIR": str(scratch / "unused")}
+    environment = service_environment(url, scratch)
     service_port, floor_port = free_port(), free_port()
     service_url, floor_url = f"http://{HOST}:{service_port}", f"http://{HOST}:{floor_port}"
     pool_size = Settings(workers=workers).pool_size
-    service_command = [
-        *grounding_command(),
-        "serve",
-        "--host",
-        HOST,
-        "--port",
-        str(service_port),
-        "--workers",
-        str(workers),
-    ]
     floor_command = [
         sys.executable,
         "-m",
@@ -982,7 +1001,9 @@ def measure_block(
     floor_environment = environment | {floor.URL_VARIABLE: libpq(url)}
     log = (args.artifacts or scratch) / f"serve-{scale}-{workers}.log"
     with (
-        serving(service_command, environment, f"{service_url}/readyz", log) as service,
+        serving(
+            service_command(service_port, workers), environment, f"{service_url}/readyz", log
+        ) as service,
         serving(floor_command, floor_environment, f"{floor_url}/floor/read/1", log) as floor_app,
     ):
         drawn = asyncio.run(sample(url, credentials, rng))
@@ -1041,7 +1062,6 @@ def measure_block(
                         on_service.database_cpu,
                         on_floor.stolen,
                         on_service.stolen,
-                        on_service.generator_cpu,
                     )
                     result.pairs.append(pair)
                     say(
@@ -1052,7 +1072,7 @@ def measure_block(
                         f" | floor {pair.floor.rps:8.1f} req/s p50 {pair.floor.p50_ms:6.2f} ms"
                         f" {pair.floor_cpu_ms:5.2f} ms CPU (DB {_ms(pair.floor_database_cpu_ms)})"
                         f" | stolen {_share(pair.operation_stolen)}, {_share(pair.floor_stolen)}"
-                        + _problems(pair)
+                        + _problems(("floor", pair.floor), ("operation", pair.operation))
                     )
             if not args.no_rate_check:
                 for operation in measured:
@@ -1087,6 +1107,57 @@ def measure_block(
     return block
 
 
+def compare_workers(
+    args: argparse.Namespace,
+    *,
+    url: str,
+    scratch: Path,
+    credentials: Credentials,
+    scale: int,
+    rng: random.Random,
+) -> WorkerComparison:
+    """Serve a one-worker and a two-worker service side by side and load verification on each
+    in turn, `--repeat` times. The one not loaded is idle meanwhile."""
+    comparison = WorkerComparison(scale=scale)
+    environment = service_environment(url, scratch)
+    ports = {count: free_port() for count in (1, 2)}
+    urls = {count: f"http://{HOST}:{port}" for count, port in ports.items()}
+    log = (args.artifacts or scratch) / f"serve-{scale}-1-and-2.log"
+    with (
+        serving(service_command(ports[1], 1), environment, f"{urls[1]}/readyz", log) as one,
+        serving(service_command(ports[2], 2), environment, f"{urls[2]}/readyz", log) as two,
+    ):
+        drawn = asyncio.run(sample(url, credentials, rng))
+        tag = f"s{scale}-workers-{secrets.token_hex(3)}"
+        measured, _ = operations(urls[1], credentials, drawn, tag=tag)
+        (verify,) = [operation for operation in measured if operation.key == "verify"]
+        workers = {1: workers_of(one, 1), 2: workers_of(two, 2)}
+        for count in (1, 2):
+            preflight(urls[count], verify.load, f"{verify.label} on {count} worker(s)")
+            run_wrk(urls[count], verify.load, seconds=args.warmup, connections=args.connections)
+        postmaster = server_process(libpq(url))
+        quiet = [*workers[1], *workers[2]]
+        for repeat in range(args.repeat):
+            timed = {}
+            for count in (1, 2):
+                quiesce(url, quiet)
+                timed[count] = timed_load(
+                    workers[count],
+                    postmaster,
+                    urls[count],
+                    verify.load,
+                    seconds=args.duration,
+                    connections=args.connections,
+                )
+            comparison.pairs.append((timed[1], timed[2]))
+            say(
+                f"  [{repeat + 1}/{args.repeat}] verify on one worker"
+                f" {timed[1].measured.rps:8.1f} req/s, on two {timed[2].measured.rps:8.1f} req/s"
+                + _problems(("one worker", timed[1].measured), ("two", timed[2].measured))
+            )
+    return comparison
+
+
 def _ms(value: float | None) -> str:
     return f"{value:.2f}" if value is not None else "-"
 
@@ -1095,11 +1166,11 @@ def _share(value: float | None) -> str:
     return f"{value:.0%}" if value is not None else "-"
 
 
-def _problems(pair: Pair) -> str:
+def _problems(*named: tuple[str, Measurement]) -> str:
     failed = [
         f"{name}: {m.errors} errors, {m.unexpected} unexpected statuses"
-        for name, m in (("floor", pair.floor), ("operation", pair.operation))
-        if m.errors or m.unexpected
+        for name, m in named
+        if m.failed
     ]
     return f"  !! {'; '.join(failed)}" if failed else ""
 
@@ -1289,6 +1360,24 @@ def report_block(block: Block) -> None:
         say(f"note: {note}")
 
 
+def report_comparison(comparison: WorkerComparison) -> None:
+    say("")
+    say(f"== verification on one and two workers, loaded alternately, at {comparison.scale:,} ==")
+    _table(
+        ["repeat", "one worker req/s", "two workers req/s", "two / one"],
+        [
+            [
+                str(repeat),
+                f"{one.measured.rps:.1f}",
+                f"{two.measured.rps:.1f}",
+                f"{two.measured.rps / one.measured.rps:.2f}" if one.measured.rps else "-",
+            ]
+            for repeat, (one, two) in enumerate(comparison.pairs, start=1)
+        ],
+    )
+    say(f"median of the repeats' ratios: {comparison.ratio:.2f}")
+
+
 def report_profiles(block: Block) -> None:
     for key, found in block.profiles.items():
         say("")
@@ -1322,6 +1411,7 @@ class Check:
 def checks(
     blocks: Sequence[Block],
     seeding: Sequence[tuple[int, SeedReport]],
+    comparisons: Sequence[WorkerComparison] = (),
     cores: int = os.cpu_count() or 1,
 ) -> list[Check]:
     """Every target the run measured, on a machine of `cores` cores."""
@@ -1390,25 +1480,23 @@ def checks(
                 seeded.chunks_per_second >= 50_000,
             )
         )
-    for scale in scales:
-        by_workers = {b.workers: b for b in blocks if b.scale == scale}
-        if 1 in by_workers and 2 in by_workers and "verify" in by_workers[1].results:
-            one_worker = by_workers[1].results["verify"]
-            ratio = by_workers[2].results["verify"].rps / one_worker.rps
-            found.append(
-                Check(
-                    f"[{scale:,}] two workers >= 1.6 x one worker's verification req/s",
-                    f"{ratio:.2f}{_what_the_cores_allow(one_worker.cores_busy, cores)}",
-                    ratio >= 1.6,
-                )
+    for comparison in comparisons:
+        ratio = comparison.ratio
+        found.append(
+            Check(
+                f"[{comparison.scale:,}] two workers >= 1.6 x one worker's verification req/s"
+                " (loaded alternately)",
+                f"{ratio:.2f}{_what_the_cores_allow(comparison.one_worker_busy, cores)}",
+                ratio >= 1.6,
             )
+        )
     return found
 
 
-def _what_the_cores_allow(busy: CoresBusy | None, cores: int) -> str:
+def _what_the_cores_allow(busy: CoresBusy, cores: int) -> str:
     """What one worker's load left of the cores for a second one, as the two-worker check's
-    aside; nothing when it is not known."""
-    if busy is None or not busy.total:
+    aside; nothing when no time was measured."""
+    if not busy.total:
         return ""
     database = "not on this machine" if busy.database is None else f"{busy.database:.2f}"
     return (
@@ -1527,6 +1615,7 @@ def main(argv: list[str] | None = None) -> None:
     say(MACHINE_NOTE.format(cpus=os.cpu_count()))
     rng = random.Random(20261203)
     blocks: list[Block] = []
+    comparisons: list[WorkerComparison] = []
     seeding: list[tuple[int, SeedReport]] = []
     seeding_stolen: dict[int, float | None] = {}
     with tempfile.TemporaryDirectory(prefix="grounding-bench-") as scratch_dir:
@@ -1596,17 +1685,31 @@ def main(argv: list[str] | None = None) -> None:
                     blocks.append(block)
                     report_block(block)
                     asyncio.run(forget_block_writes(owner, credentials, mark))
-                    asyncio.run(vacuum(owner, WRITTEN_TABLES))
+                if {1, 2} <= set(args.workers) and (not args.ops or "verify" in args.ops):
+                    say(f"comparing one and two workers at {scale:,} ...")
+                    comparison = compare_workers(
+                        args,
+                        url=url,
+                        scratch=scratch,
+                        credentials=credentials,
+                        scale=scale,
+                        rng=rng,
+                    )
+                    comparisons.append(comparison)
+                    report_comparison(comparison)
+                    asyncio.run(forget_block_writes(owner, credentials, mark))
     say("")
     say(MACHINE_NOTE.format(cpus=os.cpu_count()))
     for block in blocks:
         report_block(block)
+    for comparison in comparisons:
+        report_comparison(comparison)
     report_scaling(blocks)
     for block in blocks:
         report_profiles(block)
     say("")
     say("== targets ==")
-    for check in checks(blocks, seeding):
+    for check in checks(blocks, seeding, comparisons):
         say(f"{'PASS' if check.passed else 'FAIL'}  {check.target}: {check.found}")
     if args.json:
         args.json.write_text(
@@ -1616,7 +1719,8 @@ def main(argv: list[str] | None = None) -> None:
                         {"scale": s, **asdict(r), "stolen": seeding_stolen[s]} for s, r in seeding
                     ],
                     "blocks": [asdict(b) for b in blocks],
-                    "checks": [asdict(c) for c in checks(blocks, seeding)],
+                    "worker_comparisons": [asdict(c) for c in comparisons],
+                    "checks": [asdict(c) for c in checks(blocks, seeding, comparisons)],
                 },
                 indent=2,
                 default=str,

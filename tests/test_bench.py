@@ -30,6 +30,8 @@ from bench.run import (
     OpenLoop,
     OperationResult,
     Pair,
+    Timed,
+    WorkerComparison,
     checks,
     cpu_waited_seconds,
     database_cpu_seconds,
@@ -417,37 +419,40 @@ def test_a_floors_rate_is_the_median_over_every_repeat_held_against_it() -> None
     assert block.floor_rps("write") == 500.0
 
 
-def test_the_two_worker_check_says_how_many_cores_one_workers_load_left() -> None:
-    def block(workers: int, rps: float, generator_cpu: float | None) -> Block:
-        made = OperationResult("verify", "verify", "write")
-        # Ten seconds each: the worker 9.0 CPU seconds then 11.0, PostgreSQL 3.0 then 5.0.
-        made.pairs += [
-            Pair(
-                Measurement(5000, 10.0, 1.0, 2.0, 0, 0),
-                Measurement(round(10 * rps), 10.0, 1.0, 2.0, 0, 0),
-                floor_cpu=1.0,
-                operation_cpu=worker,
-                operation_database_cpu=database,
-                operation_generator_cpu=generator_cpu,
-            )
-            for worker, database in ((9.0, 3.0), (11.0, 5.0))
-        ]
-        return a_block(made, workers=workers)
+def test_the_two_worker_check_takes_alternate_pairs_and_says_what_the_cores_allow() -> None:
+    def timed(rps: float, worker: float, database: float | None, generator: float) -> Timed:
+        # Ten seconds each.
+        return Timed(
+            Measurement(round(10 * rps), 10.0, 1.0, 2.0, 0, 0), worker, database, 0.0, generator
+        )
 
-    def two_worker_check(one: Block, two: Block) -> Check:
-        (found,) = [c for c in checks([one, two], [], cores=2) if "two workers" in c.target]
+    def two_worker_check(*pairs: tuple[Timed, Timed]) -> Check:
+        comparison = WorkerComparison(scale=10_000, pairs=list(pairs))
+        (found,) = [c for c in checks([], [], [comparison], cores=2) if "two workers" in c.target]
         return found
 
-    # One worker kept 1.0 + 0.4 + 0.1 = 1.5 cores busy: two cores allow 1.33 x at most.
-    found = two_worker_check(block(1, 300.0, 1.0), block(2, 375.0, 1.0))
+    # One worker kept (9 + 11 + 10) / 30 = 1.0 + (3 + 5 + 4) / 30 = 0.4 + 0.1 = 1.5 cores busy:
+    # two cores allow 1.33 x at most. The pairs' ratios are 1.25, 1.1 and 2.0, whose median is
+    # 1.25; the medians of each side's rates would give 400 / 300 = 1.33.
+    found = two_worker_check(
+        (timed(300, 9.0, 3.0, 1.0), timed(375, 19.0, 6.0, 1.0)),
+        (timed(400, 11.0, 5.0, 1.0), timed(440, 20.0, 6.0, 1.0)),
+        (timed(200, 10.0, 4.0, 1.0), timed(400, 20.0, 6.0, 1.0)),
+    )
+    assert found.target == (
+        "[10,000] two workers >= 1.6 x one worker's verification req/s (loaded alternately)"
+    )
     assert not found.passed
     assert found.found == (
         "1.25 (one worker's load kept 1.50 of the 2 cores busy: the worker 1.00, PostgreSQL"
         " 0.40, wrk 0.10; so the cores allow at most 1.33 x)"
     )
-    assert two_worker_check(block(1, 300.0, 1.0), block(2, 480.0, 1.0)).passed
-    # wrk's time unknown: the ratio alone, nothing made up.
-    assert two_worker_check(block(1, 300.0, None), block(2, 375.0, None)).found == "1.25"
+    assert two_worker_check((timed(300, 9.0, 3.0, 1.0), timed(480, 19.0, 6.0, 1.0))).passed
+    # PostgreSQL on another machine: its share is not known, and not made up.
+    assert two_worker_check((timed(300, 10.0, None, 1.0), timed(375, 19.0, None, 1.0))).found == (
+        "1.25 (one worker's load kept 1.10 of the 2 cores busy: the worker 1.00, PostgreSQL not"
+        " on this machine, wrk 0.10; so the cores allow at most 1.82 x)"
+    )
 
 
 # `psutil.cpu_times()` as Linux gives it, and as a system that counts no steal gives it.
