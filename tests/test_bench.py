@@ -353,9 +353,17 @@ def test_the_scale_check_holds_each_sizes_p50_against_its_own_floors() -> None:
     }
 
     assert found["[1w] runs"].passed
-    assert found["[1w] runs"].found == "1.00 (raw 1.30)"
+    assert found["[1w] runs"].found == "1.000 (raw 1.30)"
     assert not found["[1w] verify"].passed
-    assert found["[1w] verify"].found == "1.50 (raw 1.95)"
+    assert found["[1w] verify"].found == "1.500 (raw 1.95)"
+    # Just over the bound, and shown so.
+    (over,) = [
+        c
+        for c in checks([block(10_000, 1.0, 4.0, 4.0), block(1_000_000, 1.0, 5.0048, 4.0)], [])
+        if c.target.startswith("[1w] verify: p50 at")
+    ]
+    assert not over.passed
+    assert over.found == "1.251 (raw 1.25)"
 
 
 def test_the_tail_check_is_the_operations_own_with_its_floors_tail_beside_it() -> None:
