@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import asyncpg
 import httpx
@@ -482,9 +482,11 @@ def waited_share(before: float | None, after: float | None, seconds: float) -> f
     return (after - before) / seconds
 
 
-class Timed(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Timed:
     """A wrk measurement, with the CPU seconds the measured processes, the database server and
-    wrk itself spent while it ran, and the share of the machine's time stolen meanwhile."""
+    wrk itself spent while it ran, and the share of the machine's time stolen meanwhile (a
+    dataclass, so that `--json` names its fields)."""
 
     measured: Measurement
     cpu: float

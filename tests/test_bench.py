@@ -14,6 +14,7 @@ import secrets
 import time
 from collections import namedtuple
 from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
 from typing import Any
 
 import asyncpg
@@ -456,6 +457,12 @@ def test_the_two_worker_check_takes_alternate_pairs_and_says_what_the_cores_allo
         " 0.40, wrk 0.10; so the cores allow at most 1.33 x)"
     )
     assert two_worker_check((timed(300, 9.0, 3.0, 1.0), timed(480, 19.0, 6.0, 1.0))).passed
+    # `--json` keeps each load's figures by name.
+    kept = asdict(
+        WorkerComparison(10_000, [(timed(300, 9.0, 3.0, 1.0), timed(480, 19.0, 6.0, 1.0))])
+    )
+    assert kept["pairs"][0][1]["cpu"] == 19.0
+    assert kept["pairs"][0][1]["measured"]["requests"] == 4800
     # PostgreSQL on another machine: its share is not known, and not made up.
     assert two_worker_check((timed(300, 10.0, None, 1.0), timed(375, 19.0, None, 1.0))).found == (
         "1.25 (one worker's load kept 1.10 of the 2 cores busy: the worker 1.00, PostgreSQL not"
