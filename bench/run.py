@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -281,12 +281,17 @@ class WorkerComparison:
     pairs: list[tuple[Timed, Timed]] = field(default_factory=list)
 
     @property
-    def ratio(self) -> float:
-        """The median of each pair's two-worker rate over its one-worker rate."""
-        return statistics.median(
+    def ratios(self) -> list[float]:
+        """Each pair's two-worker rate over its one-worker rate (0 when one served nothing)."""
+        return [
             two.measured.rps / one.measured.rps if one.measured.rps else 0.0
             for one, two in self.pairs
-        )
+        ]
+
+    @property
+    def ratio(self) -> float:
+        """The median of the pairs' ratios."""
+        return statistics.median(self.ratios)
 
     @property
     def one_worker_busy(self) -> CoresBusy:
@@ -920,12 +925,15 @@ def service_environment(url: str, scratch: Path) -> dict[str, str]:
     return environment | {"DATABASE_URL": url, "GROUNDING_DATA_DIR": str(scratch / "unused")}
 
 
-def service_command(port: int, workers: int) -> list[str]:
-    """`grounding serve` on loopback at `port` with `workers` workers."""
-    return [
+def serving_service(
+    port: int, workers: int, environment: dict[str, str], log: Path
+) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    """`grounding serve` on loopback at `port` with `workers` workers, once it is ready."""
+    command = [
         *grounding_command(),
         *("serve", "--host", HOST, "--port", str(port), "--workers", str(workers)),
     ]
+    return serving(command, environment, f"http://{HOST}:{port}/readyz", log)
 
 
 def open_loop(
@@ -1003,9 +1011,7 @@ def measure_block(
     floor_environment = environment | {floor.URL_VARIABLE: libpq(url)}
     log = (args.artifacts or scratch) / f"serve-{scale}-{workers}.log"
     with (
-        serving(
-            service_command(service_port, workers), environment, f"{service_url}/readyz", log
-        ) as service,
+        serving_service(service_port, workers, environment, log) as service,
         serving(floor_command, floor_environment, f"{floor_url}/floor/read/1", log) as floor_app,
     ):
         drawn = asyncio.run(sample(url, credentials, rng))
@@ -1126,8 +1132,8 @@ def compare_workers(
     urls = {count: f"http://{HOST}:{port}" for count, port in ports.items()}
     log = (args.artifacts or scratch) / f"serve-{scale}-1-and-2.log"
     with (
-        serving(service_command(ports[1], 1), environment, f"{urls[1]}/readyz", log) as one,
-        serving(service_command(ports[2], 2), environment, f"{urls[2]}/readyz", log) as two,
+        serving_service(ports[1], 1, environment, log) as one,
+        serving_service(ports[2], 2, environment, log) as two,
     ):
         drawn = asyncio.run(sample(url, credentials, rng))
         tag = f"s{scale}-workers-{secrets.token_hex(3)}"
@@ -1372,9 +1378,11 @@ def report_comparison(comparison: WorkerComparison) -> None:
                 str(repeat),
                 f"{one.measured.rps:.1f}",
                 f"{two.measured.rps:.1f}",
-                f"{two.measured.rps / one.measured.rps:.2f}" if one.measured.rps else "-",
+                f"{ratio:.2f}",
             ]
-            for repeat, (one, two) in enumerate(comparison.pairs, start=1)
+            for repeat, ((one, two), ratio) in enumerate(
+                zip(comparison.pairs, comparison.ratios, strict=True), start=1
+            )
         ],
     )
     say(f"median of the repeats' ratios: {comparison.ratio:.2f}")
@@ -1712,7 +1720,8 @@ def main(argv: list[str] | None = None) -> None:
         report_profiles(block)
     say("")
     say("== targets ==")
-    for check in checks(blocks, seeding, comparisons):
+    found = checks(blocks, seeding, comparisons)
+    for check in found:
         say(f"{'PASS' if check.passed else 'FAIL'}  {check.target}: {check.found}")
     if args.json:
         args.json.write_text(
@@ -1723,7 +1732,7 @@ def main(argv: list[str] | None = None) -> None:
                     ],
                     "blocks": [asdict(b) for b in blocks],
                     "worker_comparisons": [asdict(c) for c in comparisons],
-                    "checks": [asdict(c) for c in checks(blocks, seeding, comparisons)],
+                    "checks": [asdict(c) for c in found],
                 },
                 indent=2,
                 default=str,
