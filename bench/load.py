@@ -78,6 +78,10 @@ class Measurement:
     # The most any request was sent after it was due: the generator's own lateness. A spell
     # longer than this was the server's, not a pause of the generator.
     late_ms: float | None = None
+    # The median latency of each tenth of the requests, in due order. Where the server serves
+    # the rate, they are alike but for a spell here and there; where it falls behind, each
+    # request waits behind all the ones before it, and each tenth waits longer than the last.
+    tenths_p50_ms: tuple[float, ...] = ()
 
     @property
     def rps(self) -> float:
@@ -336,4 +340,17 @@ async def constant_rate(
         slow=slow_spells(timed, SLOW_OVER_P50 * p50),
         own_cpu_share=own_cpu / elapsed if elapsed else None,
         late_ms=late * 1000,
+        tenths_p50_ms=tenths_p50_ms(timed),
+    )
+
+
+def tenths_p50_ms(timed: Sequence[tuple[float, float]]) -> tuple[float, ...]:
+    """The median latency, in ms, of each tenth of `(due, latency)` pairs in due order; none
+    when there are fewer than ten pairs."""
+    by_due = [latency for _, latency in sorted(timed)]
+    if len(by_due) < 10:
+        return ()
+    return tuple(
+        1000 * statistics.median(by_due[len(by_due) * k // 10 : len(by_due) * (k + 1) // 10])
+        for k in range(10)
     )

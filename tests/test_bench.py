@@ -10,11 +10,12 @@ import asyncio
 import gc
 import hashlib
 import hmac
+import itertools
 import secrets
 import time
 from collections import namedtuple
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import asyncpg
@@ -23,7 +24,15 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from bench import floor, payloads, seed
-from bench.load import COUNTER, Load, Measurement, constant_rate, lua_script, slow_spells
+from bench.load import (
+    COUNTER,
+    Load,
+    Measurement,
+    constant_rate,
+    lua_script,
+    slow_spells,
+    tenths_p50_ms,
+)
 from bench.profile import hot_spots
 from bench.run import (
     Block,
@@ -165,6 +174,30 @@ async def test_the_open_loop_says_how_late_it_sent_when_it_was_held_up() -> None
     assert measured.requests == 100
     assert measured.late_ms is not None
     assert measured.late_ms >= 250
+
+
+async def test_the_open_loop_shows_a_backlog_growing_behind_a_server_slower_than_its_rate() -> None:
+    # 8 ms a request against one due every 5 ms: each waits behind all the ones before it.
+    measured = await open_loop_of_100(lambda: time.sleep(0.008))
+
+    tenths = measured.tenths_p50_ms
+    assert len(tenths) == 10
+    assert all(earlier < later for earlier, later in itertools.pairwise(tenths))
+    # The last tenth waits behind about 90 requests' 3 ms shortfall each.
+    assert tenths[-1] > 100
+    assert tenths[-1] > 4 * tenths[0]
+
+
+def test_the_tenths_are_of_due_order_not_of_answer_order() -> None:
+    # Due at 0..19 (out of order), each answered after its due time in seconds over 100.
+    timed = [(float(due), due / 100) for due in reversed(range(20))]
+    tenths = tenths_p50_ms(timed)
+    assert tenths[0] == pytest.approx(5.0)  # the median of 0 and 10 ms
+    assert tenths[-1] == pytest.approx(185.0)  # of 180 and 190 ms
+    assert len(tenths) == 10
+    # 25 requests: tenths of two or three, none left out.
+    assert tenths_p50_ms([(float(due), due / 1000) for due in range(25)])[-1] == pytest.approx(23.0)
+    assert tenths_p50_ms([(0.0, 0.001), (1.0, 0.003)]) == ()
 
 
 def test_slow_requests_in_a_row_are_one_spell_from_first_due_to_last_answer() -> None:
@@ -367,9 +400,22 @@ def test_the_scale_check_holds_each_sizes_p50_against_its_own_floors() -> None:
     assert over.found == "1.251 (raw 1.25)"
 
 
+def growing(first: float, last: float) -> tuple[float, ...]:
+    """Ten medians rising evenly from `first` to `last`."""
+    return tuple(first + (last - first) * k / 9 for k in range(10))
+
+
 def test_the_tail_check_is_the_operations_own_with_its_floors_tail_beside_it() -> None:
-    def loop(rate: float, served: float, p50: float, p99: float, failed: int = 0) -> OpenLoop:
-        return OpenLoop(rate, Measurement(round(10 * served), 10.0, p50, p99, failed, 0))
+    def loop(
+        rate: float,
+        served: float,
+        p50: float,
+        p99: float,
+        failed: int = 0,
+        tenths: tuple[float, ...] = (),
+    ) -> OpenLoop:
+        measured = Measurement(round(10 * served), 10.0, p50, p99, failed, 0)
+        return OpenLoop(rate, replace(measured, tenths_p50_ms=tenths))
 
     def result(key: str, kind: str, measured: OpenLoop) -> OperationResult:
         made = OperationResult(key, key, kind)
@@ -383,6 +429,12 @@ def test_the_tail_check_is_the_operations_own_with_its_floors_tail_beside_it() -
         # Within the ratio, but it fell behind its rate: not a pass.
         result("runs", "write", loop(100.0, 90.0, 2.0, 6.0)),
         result("resolve", "read", loop(100.0, 100.0, 2.0, 6.0, failed=1)),
+        # 96% served, within the ratio, and its latency grew all along: a queue, not a pass.
+        result("audit", "read", loop(100.0, 96.0, 200.0, 380.0, tenths=growing(20.0, 370.0))),
+        # Rising all along to four and a half times as slow, but by less than a millisecond.
+        result("reject", "write", loop(100.0, 100.0, 0.3, 1.0, tenths=growing(0.2, 0.9))),
+        # A spell at the end, however long, is a tail, not a backlog: it fails as a tail.
+        result("register", "write", loop(100.0, 100.0, 2.0, 40.0, tenths=(2.0,) * 9 + (60.0,))),
         floor_open_loops={"read": loop(700.0, 700.0, 1.0, 12.5), "write": loop(500, 500, 1.0, 3.0)},
     )
 
@@ -398,6 +450,14 @@ def test_the_tail_check_is_the_operations_own_with_its_floors_tail_beside_it() -
     )
     assert not found["[1w, 10,000] resolve"].passed
     assert "1 failed" in found["[1w, 10,000] resolve"].found
+    assert not found["[1w, 10,000] audit"].passed
+    assert found["[1w, 10,000] audit"].found == (
+        "1.90 (did not keep up: 96.0 of 100.0 req/s served, 0 failed, p50 rising from 20.00 ms in"
+        " the first tenth of the requests to 370.00 ms in the last) (the read floor's own: 12.50)"
+    )
+    assert found["[1w, 10,000] reject"].passed
+    assert not found["[1w, 10,000] register"].passed
+    assert found["[1w, 10,000] register"].found == "20.00 (the write floor's own: 3.00)"
     # With no floor loop (the check skipped, or an older run), the operation's figure alone.
     block.floor_open_loops.clear()
     alone = {c.target.split(":")[0]: c for c in checks([block], []) if "p99" in c.target}
