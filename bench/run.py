@@ -154,6 +154,9 @@ class OpenLoop:
     autovacuum: int | None = None
     # The share of the loop's time in which some task waited for a core.
     cpu_waited: float | None = None
+    # The p50 of the closed loop this loop's rate is a share of: with every connection busy at
+    # the server's full rate, the longest a request waits while the server keeps up.
+    saturated_p50_ms: float | None = None
 
     @property
     def tail_ratio(self) -> float | None:
@@ -176,12 +179,26 @@ class OpenLoop:
         return rising and last > SLOW_OVER_P50 * first and last - first > BACKLOG_NOISE_MS
 
     @property
+    def queued_deeper(self) -> bool:
+        """Whether its p50 is over the closed loop's at the full rate: at a share of that rate
+        a request should wait less than with every connection busy, so half of them waited in
+        a queue the server let grow, for a while or all along, not in the server's tail."""
+        saturated = self.saturated_p50_ms
+        return saturated is not None and self.measured.p50_ms > saturated
+
+    @property
     def kept_up(self) -> bool:
-        """Whether its rate was served without failures or a growing backlog. A loop can answer
-        95% of its rate and still not keep up: 5% short for ten seconds leaves half a second of
-        requests queued at its end, and its p50 is then that queue, not the server."""
+        """Whether its rate was served without failures, a growing backlog or a queue deeper
+        than at the full rate. A loop can answer 95% of its rate and still not keep up: 5% short
+        for ten seconds leaves half a second of requests queued at its end, and its p50 is then
+        that queue, not the server."""
         measured = self.measured
-        return measured.failed == 0 and measured.rps >= 0.95 * self.rate and not self.backlog_grew
+        return (
+            measured.failed == 0
+            and measured.rps >= 0.95 * self.rate
+            and not self.backlog_grew
+            and not self.queued_deeper
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,14 +239,6 @@ class OperationResult:
     @property
     def p99(self) -> float:
         return self.median(lambda p: p.operation.p99_ms)
-
-    @property
-    def floor_rps(self) -> float:
-        return self.median(lambda p: p.floor.rps)
-
-    @property
-    def floor_p50(self) -> float:
-        return self.median(lambda p: p.floor.p50_ms)
 
     @property
     def rps_ratio(self) -> float:
@@ -282,10 +291,10 @@ class Block:
     # shows on this machine, beside the operations' (by kind, read or write).
     floor_open_loops: dict[str, OpenLoop] = field(default_factory=dict)
 
-    def floor_rps(self, kind: str) -> float:
-        """The median rate of the floor of `kind` over every repeat held against it."""
+    def floor_median(self, kind: str, pick: Callable[[Measurement], float]) -> float:
+        """The median of `pick` of the floor of `kind` over every repeat held against it."""
         return statistics.median(
-            p.floor.rps for r in self.results.values() if r.kind == kind for p in r.pairs
+            pick(p.floor) for r in self.results.values() if r.kind == kind for p in r.pairs
         )
 
 
@@ -962,6 +971,7 @@ def open_loop(
     load: Load,
     *,
     rate: float,
+    saturated_p50_ms: float,
     quiet: Sequence[psutil.Process],
     label: str,
 ) -> OpenLoop:
@@ -991,6 +1001,7 @@ def open_loop(
         stolen=stolen,
         autovacuum=autovacuumed - autovacuumed_before + autovacuuming,
         cpu_waited=waited,
+        saturated_p50_ms=saturated_p50_ms,
     )
 
 
@@ -1110,7 +1121,8 @@ def measure_block(
                             url,
                             floor_port,
                             floor_loads[kind],
-                            rate=RATE_SHARE * block.floor_rps(kind),
+                            rate=RATE_SHARE * block.floor_median(kind, lambda m: m.rps),
+                            saturated_p50_ms=block.floor_median(kind, lambda m: m.p50_ms),
                             quiet=quiet,
                             label=f"floor {kind}",
                         )
@@ -1121,6 +1133,7 @@ def measure_block(
                         service_port,
                         operation.load,
                         rate=RATE_SHARE * result.rps,
+                        saturated_p50_ms=result.p50,
                         quiet=quiet,
                         label=operation.key,
                     )
@@ -1185,14 +1198,21 @@ def compare_workers(
     return comparison
 
 
-def _backlog(loop: OpenLoop) -> str:
-    if not loop.backlog_grew:
-        return ""
-    tenths = loop.measured.tenths_p50_ms
-    return (
-        f", p50 rising from {tenths[0]:.2f} ms in the first tenth of the requests to"
-        f" {tenths[-1]:.2f} ms in the last"
-    )
+def _queued(loop: OpenLoop) -> str:
+    """How the loop's requests queued, where they queued beyond the server's keeping up."""
+    found = ""
+    if loop.backlog_grew:
+        tenths = loop.measured.tenths_p50_ms
+        found += (
+            f", p50 rising from {tenths[0]:.2f} ms in the first tenth of the requests to"
+            f" {tenths[-1]:.2f} ms in the last"
+        )
+    if loop.queued_deeper:
+        found += (
+            f", p50 {loop.measured.p50_ms:.2f} ms over the {_ms(loop.saturated_p50_ms)} ms of"
+            " the closed loop at the full rate"
+        )
+    return found
 
 
 def _first_and_last(tenths: Sequence[float]) -> str:
@@ -1288,9 +1308,9 @@ def report_block(block: Block) -> None:
         results = [r for r in block.results.values() if r.kind == kind]
         if not results:
             continue
-        floor_rps = block.floor_rps(kind)
-        floor_p50 = statistics.median(p.floor.p50_ms for r in results for p in r.pairs)
-        floor_p99 = statistics.median(p.floor.p99_ms for r in results for p in r.pairs)
+        floor_rps = block.floor_median(kind, lambda m: m.rps)
+        floor_p50 = block.floor_median(kind, lambda m: m.p50_ms)
+        floor_p99 = block.floor_median(kind, lambda m: m.p99_ms)
         floor_cpu = statistics.median(p.floor_cpu_ms for r in results for p in r.pairs)
         floor_database_cpu = median_of_known(
             p.floor_database_cpu_ms for r in results for p in r.pairs
@@ -1345,7 +1365,9 @@ def report_block(block: Block) -> None:
     if loops:
         say(
             f"open loop at {RATE_SHARE:.0%} of each operation's rate, and of each floor's own"
-            f" (latency from due time; p50 first / last tenth: of the first and the last tenth of"
+            " (latency from due time; full-rate p50: the closed loop's, with every connection"
+            " busy, which a p50 at this share of the rate stays under while the server keeps up;"
+            " p50 first / last tenth: of the first and the last tenth of"
             " the requests in due order, alike unless a spell fell in one or a backlog grew; slow:"
             " over"
             f" {SLOW_OVER_P50} x p50, in spells of consecutive requests; autovacuum: tables it"
@@ -1360,6 +1382,7 @@ def report_block(block: Block) -> None:
                 "rate",
                 "served",
                 "p50 ms",
+                "full-rate p50 ms",
                 "p99 ms",
                 "p99 / p50",
                 "p50 first / last tenth ms",
@@ -1379,6 +1402,7 @@ def report_block(block: Block) -> None:
                     f"{loop.rate:.1f}",
                     f"{loop.measured.rps:.1f}",
                     f"{loop.measured.p50_ms:.2f}",
+                    _ms(loop.saturated_p50_ms),
                     f"{loop.measured.p99_ms:.2f}",
                     "-" if loop.tail_ratio is None else f"{loop.tail_ratio:.2f}",
                     _first_and_last(loop.measured.tenths_p50_ms),
@@ -1484,7 +1508,7 @@ def checks(
             if not loop.kept_up:
                 shown += (
                     f" (did not keep up: {loop.measured.rps:.1f} of {loop.rate:.1f} req/s served,"
-                    f" {loop.measured.failed} failed{_backlog(loop)})"
+                    f" {loop.measured.failed} failed{_queued(loop)})"
                 )
             floors_loop = block.floor_open_loops.get(result.kind)
             if floors_loop is not None and floors_loop.tail_ratio is not None:

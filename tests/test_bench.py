@@ -413,9 +413,12 @@ def test_the_tail_check_is_the_operations_own_with_its_floors_tail_beside_it() -
         p99: float,
         failed: int = 0,
         tenths: tuple[float, ...] = (),
+        saturated_p50: float | None = None,
     ) -> OpenLoop:
         measured = Measurement(round(10 * served), 10.0, p50, p99, failed, 0)
-        return OpenLoop(rate, replace(measured, tenths_p50_ms=tenths))
+        return OpenLoop(
+            rate, replace(measured, tenths_p50_ms=tenths), saturated_p50_ms=saturated_p50
+        )
 
     def result(key: str, kind: str, measured: OpenLoop) -> OperationResult:
         made = OperationResult(key, key, kind)
@@ -433,6 +436,15 @@ def test_the_tail_check_is_the_operations_own_with_its_floors_tail_beside_it() -
         result("audit", "read", loop(100.0, 96.0, 200.0, 380.0, tenths=growing(20.0, 370.0))),
         # Rising all along to four and a half times as slow, but by less than a millisecond.
         result("reject", "write", loop(100.0, 100.0, 0.3, 1.0, tenths=growing(0.2, 0.9))),
+        # Behind for most of the loop, caught up at its end: half its requests queued deeper
+        # than with every connection busy at the full rate, so its p99 / p50 is not a tail.
+        result(
+            "memory",
+            "write",
+            loop(100.0, 99.0, 250.0, 500.0, tenths=(80.0, 230.0, 370.0, 120.0), saturated_p50=80.0),
+        ),
+        # Under the full rate's p50: the server kept up.
+        result("erase", "write", loop(100.0, 100.0, 5.0, 15.0, saturated_p50=80.0)),
         # A spell at the end, however long, is a tail, not a backlog: it fails as a tail.
         result("register", "write", loop(100.0, 100.0, 2.0, 40.0, tenths=(2.0,) * 9 + (60.0,))),
         floor_open_loops={"read": loop(700.0, 700.0, 1.0, 12.5), "write": loop(500, 500, 1.0, 3.0)},
@@ -457,6 +469,12 @@ def test_the_tail_check_is_the_operations_own_with_its_floors_tail_beside_it() -
     )
     assert found["[1w, 10,000] reject"].passed
     assert not found["[1w, 10,000] register"].passed
+    assert not found["[1w, 10,000] memory"].passed
+    assert found["[1w, 10,000] memory"].found == (
+        "2.00 (did not keep up: 99.0 of 100.0 req/s served, 0 failed, p50 250.00 ms over the"
+        " 80.00 ms of the closed loop at the full rate) (the write floor's own: 3.00)"
+    )
+    assert found["[1w, 10,000] erase"].passed
     assert found["[1w, 10,000] register"].found == "20.00 (the write floor's own: 3.00)"
     # With no floor loop (the check skipped, or an older run), the operation's figure alone.
     block.floor_open_loops.clear()
@@ -484,8 +502,8 @@ def test_a_floors_rate_is_the_median_over_every_repeat_held_against_it() -> None
         result("verify", "write", [400, 500, 600]),
     )
 
-    assert block.floor_rps("read") == 1000.0
-    assert block.floor_rps("write") == 500.0
+    assert block.floor_median("read", lambda m: m.rps) == 1000.0
+    assert block.floor_median("write", lambda m: m.rps) == 500.0
 
 
 def test_the_two_worker_check_takes_alternate_pairs_and_says_what_the_cores_allow() -> None:
