@@ -1512,7 +1512,9 @@ def checks(
                 )
             floors_loop = block.floor_open_loops.get(result.kind)
             if floors_loop is not None and floors_loop.tail_ratio is not None:
-                shown += f" (the {result.kind} floor's own: {floors_loop.tail_ratio:.2f})"
+                # A floor's loop that queued has a p99 / p50 of its queue: no tail to compare.
+                queued = "" if floors_loop.kept_up else ", its loop did not keep up"
+                shown += f" (the {result.kind} floor's own: {floors_loop.tail_ratio:.2f}{queued})"
             found.append(
                 Check(
                     f"{where} {result.key}: p99 <= {SLOW_OVER_P50} x p50"

@@ -476,6 +476,13 @@ def test_the_tail_check_is_the_operations_own_with_its_floors_tail_beside_it() -
     )
     assert found["[1w, 10,000] erase"].passed
     assert found["[1w, 10,000] register"].found == "20.00 (the write floor's own: 3.00)"
+    # A floor's loop that queued deeper than its closed loop's p50 shows no tail of its own.
+    block.floor_open_loops["write"] = loop(500.0, 490.0, 250.0, 545.0, saturated_p50=24.0)
+    queued = {c.target.split(":")[0]: c for c in checks([block], []) if "p99" in c.target}
+    assert queued["[1w, 10,000] verify"].found == (
+        "5.00 (the write floor's own: 2.18, its loop did not keep up)"
+    )
+    assert queued["[1w, 10,000] excerpt"].found == "3.50 (the read floor's own: 12.50)"
     # With no floor loop (the check skipped, or an older run), the operation's figure alone.
     block.floor_open_loops.clear()
     alone = {c.target.split(":")[0]: c for c in checks([block], []) if "p99" in c.target}
