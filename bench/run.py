@@ -161,8 +161,8 @@ class OpenLoop:
     autovacuum: int | None = None
     # The share of the loop's time in which some task waited for a core.
     cpu_waited: float | None = None
-    # The p50 of the closed loop this loop's rate is a share of: with every connection busy at
-    # the server's full rate, the longest a request waits while the server keeps up.
+    # The p50 of the closed loop this loop's rate is a share of, with every connection busy at
+    # the server's full rate: the yardstick of `queued_deeper`.
     saturated_p50_ms: float | None = None
 
     @property
@@ -1375,8 +1375,8 @@ def report_block(block: Block) -> None:
         say(
             f"open loop at {RATE_SHARE:.0%} of each operation's rate, and of each floor's own"
             " (latency from due time; full-rate p50: the closed loop's, with every connection"
-            " busy, which a p50 at this share of the rate stays under"
-            f" {QUEUED_OVER_FULL_RATE_P50:g} x of while the server keeps up;"
+            " busy; a p50 at this share of the rate stays under"
+            f" {QUEUED_OVER_FULL_RATE_P50:g} x it while the server keeps up;"
             " p50 first / last tenth: of the first and the last tenth of"
             " the requests in due order, alike unless a spell fell in one or a backlog grew; slow:"
             " over"
