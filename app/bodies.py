@@ -1,13 +1,14 @@
 """JSON request bodies, decoded by orjson wherever it reads them exactly as the standard library.
 
-orjson decodes an answer's 13 KB body in a third of `json`'s time (58 us against 162 us), but
-not every body as `json` does:
+orjson decodes an answer's 13 KB body in a third of `json`'s time (58 us against 162 us), and a
+citation's jsonb branches in a seventh (0.4 us against 2.8 us), but not every text as `json`
+does:
 - it refuses some bodies `json` accepts (NaN and Infinity, numbers beyond a double's range, lone
   surrogates, a byte order mark, UTF-16 and UTF-32): what it refuses is decoded again by `json`,
   which accepts it, or refuses it with the error it always gave;
-- it reads an integer outside 64 bits as a float, and says nothing: a body with a run of 19
+- it reads an integer outside 64 bits as a float, and says nothing: a text with a run of 19
   digits (the shortest such integer has 19) is decoded by `json` from the start.
-So every body decodes to the value `json` gives it, or fails with the error `json` raises.
+So every text decodes to the value `json` gives it, or fails with the error `json` raises.
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ _LONG_INTEGER = b"0" * 19
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
 
-def loads(body: bytes) -> Any:
-    """The JSON value in `body` as `json.loads` decodes it, or the error `json.loads` raises."""
-    if _LONG_INTEGER not in body.translate(_DIGITS_AS_ZEROS):
+def loads(document: bytes | str) -> Any:
+    """The JSON value in `document` as `json.loads` decodes it, or the error `json.loads` raises."""
+    encoded = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
+    if _LONG_INTEGER not in encoded.translate(_DIGITS_AS_ZEROS):
         try:
-            return orjson.loads(body)
+            return orjson.loads(document)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(body)
+    return json.loads(document)
 
 
 _UNREAD = object()

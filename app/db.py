@@ -38,6 +38,7 @@ from sqlalchemy.util.concurrency import await_
 from sqlalchemy.util.queue import Empty, Full, QueueCommon
 
 import migrations
+from app.bodies import loads
 from app.config import Settings
 from app.errors import database_unreachable, keeps_work
 
@@ -94,6 +95,8 @@ def create_engine(settings: Settings, url: str) -> AsyncEngine:
         # with the server fails its one request with a 503, and that invalidates the pool.
         hide_parameters=True,
         connect_args={"timeout": settings.db_connect_timeout},
+        # jsonb columns (a citation's branches, a verification's claims) as `json` reads them.
+        json_deserializer=loads,
     )
 
 

@@ -27,14 +27,14 @@ def typed(value: Any) -> Any:
     return (type(value).__name__, value)
 
 
-def outcome(decode: Callable[[bytes], Any], body: bytes) -> tuple[Any, ...]:
+def outcome(decode: Callable[[bytes | str], Any], body: bytes | str) -> tuple[Any, ...]:
     try:
         return ("decoded", typed(decode(body)))
     except Exception as refused:
         return ("refused", type(refused), str(refused))
 
 
-def decoded_alike(body: bytes) -> None:
+def decoded_alike(body: bytes | str) -> None:
     assert outcome(loads, body) == outcome(json.loads, body)
 
 
@@ -65,6 +65,23 @@ def test_a_json_body_decodes_to_what_the_standard_library_gives(
 ) -> None:
     document = json.dumps(value, ensure_ascii=ensure_ascii)
     decoded_alike(document.encode(encoding, "surrogatepass"))
+
+
+@given(values, st.booleans())
+@example(2**64, True)
+@example({"a": "\ud800"}, False)
+def test_a_json_text_decodes_to_what_the_standard_library_gives(
+    value: Any, ensure_ascii: bool
+) -> None:
+    # As the database's jsonb reaches the engine's decoder: text, not bytes.
+    decoded_alike(json.dumps(value, ensure_ascii=ensure_ascii))
+
+
+@given(st.text(max_size=64))
+@example("\ud800")
+@example("[12345678901234567890]")
+def test_any_text_decodes_or_fails_as_the_standard_library_does(text: str) -> None:
+    decoded_alike(text)
 
 
 @given(st.binary(max_size=64))

@@ -186,3 +186,13 @@ async def test_writes_on_the_driver_leave_no_connection_in_a_transaction(
         responses[1].json()["verification_id"],
     )
     assert recorded == "rejected"
+
+
+async def test_jsonb_is_read_as_the_standard_library_reads_it(engine: AsyncEngine) -> None:
+    # The engine's decoder is orjson's where it reads as `json` does: an integer past 64 bits
+    # stays an integer, not orjson's float.
+    async with engine.connect() as connection:
+        read = await connection.exec_driver_sql(
+            'SELECT \'{"n": 123456789012345678901234567890, "x": 0.82}\'::jsonb'
+        )
+        assert read.scalar_one() == {"n": 123456789012345678901234567890, "x": 0.82}
