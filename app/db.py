@@ -1,7 +1,7 @@
 """The database: declarative base, engine, sessions, and the request's transaction.
 
 The request owns the transaction, in a session (`get_session`) or, for the hot writes, on the
-driver (`get_transaction`): it begins at the first statement, commits before the response is
+driver (`request_transaction`): it begins at the first statement, commits before the response is
 sent and rolls back on any error, except a rejection that was recorded for audit, which commits
 its record and is then answered as the rejection it is.
 """
@@ -252,15 +252,13 @@ async def _give_back(connection: AsyncConnection, *, clean: bool) -> None:
     await connection.close()
 
 
-async def get_transaction(request: Request) -> AsyncIterator[Transaction]:
-    """The request's transaction on the driver, committed before the response is sent."""
+@asynccontextmanager
+async def request_transaction(request: Request) -> AsyncIterator[Transaction]:
+    """The request's transaction on the driver, to commit when the request's work is done."""
     sessionmaker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
     transaction = Transaction(sessionmaker.kw["bind"])
     async with _ends_with_request(transaction):
         yield transaction
-
-
-TransactionDep = Annotated[Transaction, Depends(get_transaction, scope="function")]
 
 
 async def scope_to_tenant(session: AsyncSession, tenant: str) -> None:

@@ -15,14 +15,17 @@ from typing import Any
 
 from fastapi import Depends, Request
 
-from app.config import Settings, SettingsDep
+from app.config import Settings
 from app.errors import enforce_limit
 
 
 def limit_items(field: str, *, what: str, limit: Callable[[Settings], int]) -> Any:
     """A route dependency refusing a body whose list `field` holds more than `limit` items."""
 
-    async def check(request: Request, settings: SettingsDep) -> None:
+    # The settings from the app, not through `SettingsDep`: FastAPI solves a dependency's own
+    # dependencies again on every request, cached or not.
+    async def check(request: Request) -> None:
+        settings: Settings = request.app.state.settings
         try:
             body = await request.json()
         except ValueError:

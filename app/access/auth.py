@@ -10,20 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from asyncpg import Record
 from fastapi import Depends, Header, Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import db
 from app.access import service as access
 from app.access.service import Principal, Reader, Reads
 from app.audit import service as audit
-from app.db import SessionDep, SessionStatements, Statements, TransactionDep, scope_to_tenant
+from app.db import SessionDep, SessionStatements, Statements, Transaction, scope_to_tenant
 from app.errors import Forbidden, Unauthorized
+from app.headers import HandReadHeader
 
 ACTING_TENANT = "x-grounding-tenant"
 _ACTING_TENANT_DESCRIPTION = "Admin keys, on reads: read as this tenant (the read is audited)"
@@ -37,36 +36,8 @@ ActingTenant = Annotated[
     ),
 ]
 
-_ACTING_TENANT = TypeAdapter(ActingTenant)
-
-
-# `ActingTenant` as FastAPI documents the parameter, for a route that reads the header itself
-# (`acting_tenant`): the route's `openapi_extra`.
-ACTING_TENANT_DOCUMENTED: dict[str, Any] = {
-    "parameters": [
-        {
-            "name": ACTING_TENANT,
-            "in": "header",
-            "required": False,
-            "schema": {**_ACTING_TENANT.json_schema(), "title": ACTING_TENANT.title()},
-            "description": _ACTING_TENANT_DESCRIPTION,
-        }
-    ]
-}
-
-
-def acting_tenant(request: Request) -> str | None:
-    """The tenant an admin key names to read as, validated as the `ActingTenant` parameter is:
-    for the hot reads, which take it from the headers themselves, as FastAPI's solving of a
-    header parameter costs 12 us a request, a sixteenth of an excerpt's."""
-    named = request.headers.get(ACTING_TENANT)
-    if named is None:
-        return None
-    try:
-        return _ACTING_TENANT.validate_python(named)
-    except ValidationError as invalid:
-        located = [{**e, "loc": ("header", ACTING_TENANT, *e["loc"])} for e in invalid.errors()]
-        raise RequestValidationError(located) from None
+# For the hot routes, which read it themselves (`app.headers`).
+ACTING_TENANT_HEADER = HandReadHeader(ActingTenant)
 
 
 def require(
@@ -88,23 +59,18 @@ def require(
     return authorize
 
 
-def require_in_transaction(
-    *scopes: str,
-) -> Callable[[Request, TransactionDep, ActingTenant], Awaitable[Principal]]:
-    """`require`, for writes done in the request's transaction on the driver (`db.Transaction`):
-    a write never acts as another tenant."""
-    allowed = frozenset(scopes)
-
-    async def authorize(
-        request: Request, transaction: TransactionDep, acting: ActingTenant = None
-    ) -> Principal:
-        principal = await _admitted(request, transaction, allowed)
-        if acting is not None and acting != principal.tenant:
-            raise _only_admin_reads_act()
-        request.state.principal = principal
-        return principal
-
-    return authorize
+async def admit_in_transaction(
+    request: Request, transaction: Transaction, scopes: frozenset[str]
+) -> Principal:
+    """`require`, for a write done in the request's transaction on the driver (`db.Transaction`):
+    the key's statement scopes that transaction to its tenant, and a write never acts as another
+    tenant (`ACTING_TENANT_HEADER`, which the route reads through this)."""
+    acting = ACTING_TENANT_HEADER.read(request)
+    principal = await _admitted(request, transaction, scopes)
+    if acting is not None and acting != principal.tenant:
+        raise _only_admin_reads_act()
+    request.state.principal = principal
+    return principal
 
 
 async def _admitted(request: Request, statements: Statements, scopes: frozenset[str]) -> Principal:
@@ -122,11 +88,11 @@ def _bearer(request: Request) -> str:
 def keyed_reads(request: Request, *scopes: str) -> Reads:
     """Where the rows of a read come from when it opens its key in its own statement
     (`access.keyed`): one round trip for the whole request, with no session. An admin key
-    naming a tenant to read as (`acting_tenant`) reads in a transaction that opens it and
-    records the read first, as `require` does. The route documents the header with
-    `ACTING_TENANT_DOCUMENTED`."""
+    naming a tenant to read as (`ACTING_TENANT_HEADER`) reads in a transaction that opens it
+    and records the read first, as `require` does. The route documents the header with
+    `documenting(ACTING_TENANT_HEADER)`."""
     secret = _bearer(request)
-    acting = acting_tenant(request)
+    acting = ACTING_TENANT_HEADER.read(request)
     if acting is not None:
         authorize = require(*scopes, reads=True)
         return _ActingReads(request=request, authorize=authorize, acting=acting)
@@ -192,8 +158,6 @@ READERS = ("agent", "support", "admin")
 IngestKey = Annotated[Principal, Depends(require("ingest"))]
 IngestReadKey = Annotated[Principal, Depends(require("ingest", "admin", reads=True))]
 AgentKey = Annotated[Principal, Depends(require("agent"))]
-# An agent's key on a write done in the request's transaction on the driver.
-AgentWriteKey = Annotated[Principal, Depends(require_in_transaction("agent"))]
 ReaderKey = Annotated[Principal, Depends(require(*READERS, reads=True))]
 # A reader's key, opened by the read's own statement; as a dependency, for a route whose body
 # must not be looked at before the key is (a route with no body calls `keyed_reads` itself).

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from app.access.auth import AgentWriteKey, ReaderKey
+from app.access.auth import ReaderKey
 from app.answers import service as answers
 from app.answers.schemas import ClaimRead, VerificationPassed, VerificationRead
-from app.db import SessionDep, TransactionDep
+from app.db import SessionDep
 from app.grounding.models import CitedAnswer, prose
-from app.idempotency.route import IdempotentInTransaction, IdempotentRoute
+from app.idempotency.route import IdempotentRoute
 from app.limits import limit_items
+from app.writes import WRITE_HEADERS, AgentWriteDep
 
 router = APIRouter(tags=["answers"], route_class=IdempotentRoute)
 
 
 @router.post(
     "/v1/runs/{run_id}/answers",
+    openapi_extra=WRITE_HEADERS,
     dependencies=[
         limit_items("claims", what="claims per answer", limit=lambda s: s.max_claims_per_answer),
         limit_items(
@@ -28,12 +30,10 @@ async def verify_answer(
     run_id: str,
     body: CitedAnswer,
     request: Request,
-    transaction: TransactionDep,
-    principal: AgentWriteKey,
-    idempotency: IdempotentInTransaction,
+    write: AgentWriteDep,
 ) -> VerificationPassed:
     verification = await answers.verify_answer(
-        transaction, principal=principal, run_id=run_id, answer=body
+        write.transaction, principal=write.principal, run_id=run_id, answer=body
     )
     # A rejection raises, and is counted where it is answered (app.errors).
     request.app.state.metrics.verifications.labels(outcome=verification.outcome, code="").inc()

@@ -1,11 +1,11 @@
 """`Idempotency-Key` on the writes over HTTP: a retry of a request gets the first response.
 
-A write that takes the `Idempotent` dependency (after its key; `IdempotentInTransaction` for a
-write in the request's transaction on the driver) claims the header's key before it does
-anything else (`app.idempotency.service`); the route class then keeps what the write answers,
-its 2xx or a rejection recorded for audit, while the request's transaction is still open. A
-later request with the key and the same method, path and body is answered with that response
-and `Idempotent-Replayed: true`, and writes nothing; with anything else it is 422
+A write that takes the `Idempotent` dependency (after its key; an agent's write in the
+request's transaction on the driver takes `app.writes.AgentWriteDep`) claims the header's key
+before it does anything else (`app.idempotency.service`); the route class then keeps what the
+write answers, its 2xx or a rejection recorded for audit, while the request's transaction is
+still open. A later request with the key and the same method, path and body is answered with
+that response and `Idempotent-Replayed: true`, and writes nothing; with anything else it is 422
 `idempotency_mismatch`. A failure that rolls back (401, 404, 409, 503, ...) keeps nothing, so
 its retry runs afresh.
 """
@@ -19,8 +19,9 @@ from fastapi import Depends, Header, Request, Response
 from app.access.service import Principal
 from app.bodies import Handler, JSONBodyRoute
 from app.config import Settings, SettingsDep
-from app.db import SessionDep, SessionStatements, Statements, TransactionDep
+from app.db import SessionDep, SessionStatements, Statements
 from app.errors import grounding_problem, keeps_work
+from app.headers import HandReadHeader
 from app.idempotency import service as idempotency
 from app.idempotency.service import Claim, KeptResponse
 
@@ -56,19 +57,18 @@ async def idempotent(
 ) -> None:
     """Claim `Idempotency-Key` for this request, in its session, or answer with what it first
     answered."""
-    await _claim(request, SessionStatements(session), settings, key)
+    await claim(request, SessionStatements(session), settings, key)
 
 
-async def idempotent_in_transaction(
-    request: Request, transaction: TransactionDep, settings: SettingsDep, key: KeyHeader = None
-) -> None:
-    """`idempotent`, for a write done in the request's transaction on the driver."""
-    await _claim(request, transaction, settings, key)
+# For an agent's write, which reads it itself (`app.writes`).
+IDEMPOTENCY_KEY_HEADER = HandReadHeader(KeyHeader)
 
 
-async def _claim(
+async def claim(
     request: Request, statements: Statements, settings: Settings, key: str | None
 ) -> None:
+    """Claim `key` (the request's `Idempotency-Key`) for this request in `statements`, once its
+    key was admitted, or raise to answer with what the key's request first answered."""
     if key is None:
         return
     # The route's key dependency ran before this one (a route lists this one after it), unless
@@ -94,7 +94,6 @@ async def _claim(
 
 
 Idempotent = Annotated[None, Depends(idempotent, scope="function")]
-IdempotentInTransaction = Annotated[None, Depends(idempotent_in_transaction, scope="function")]
 
 
 def _kept(response: Response) -> KeptResponse:

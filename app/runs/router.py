@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, status
 
-from app.access.auth import AgentWriteKey, ReaderKey
-from app.db import SessionDep, TransactionDep
-from app.idempotency.route import IdempotentInTransaction, IdempotentRoute
+from app.access.auth import ReaderKey
+from app.db import SessionDep
+from app.idempotency.route import IdempotentRoute
 from app.limits import limit_items
 from app.runs import service as runs
 from app.runs.schemas import RunCreate, RunRead
 from app.runs.service import RecordedRun
+from app.writes import WRITE_HEADERS, AgentWriteDep
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], route_class=IdempotentRoute)
 
@@ -29,6 +30,7 @@ def _read(run: RecordedRun) -> RunRead:
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
+    openapi_extra=WRITE_HEADERS,
     dependencies=[
         limit_items("results", what="results per run", limit=lambda s: s.max_results_per_run)
     ],
@@ -36,12 +38,14 @@ def _read(run: RecordedRun) -> RunRead:
 async def record_run(
     body: RunCreate,
     request: Request,
-    transaction: TransactionDep,
-    principal: AgentWriteKey,
-    idempotency: IdempotentInTransaction,
+    write: AgentWriteDep,
 ) -> RunRead:
     recorded = await runs.record_run(
-        transaction, principal=principal, query=body.query, scope=body.scope, results=body.results
+        write.transaction,
+        principal=write.principal,
+        query=body.query,
+        scope=body.scope,
+        results=body.results,
     )
     request.app.state.metrics.citations_issued.inc(len(recorded.citations))
     return _read(recorded)
