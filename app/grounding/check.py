@@ -12,6 +12,7 @@ Invariants kept here:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Literal
 
 from app.grounding.errors import VIOLATION_ORDER, GroundingError
@@ -33,6 +34,8 @@ _PINNED_FIELDS = (
     "retrieved_at",
     "locator",
 )
+# All of them at once, as a tuple, in `_PINNED_FIELDS` order.
+_pinned = attrgetter(*_PINNED_FIELDS)
 
 
 def find_violations(
@@ -157,11 +160,19 @@ def _citation_violations(
                 detail="this run did not issue the citation",
             )
         ]
-    differing = [
-        field
-        for field in _PINNED_FIELDS
-        if (value := getattr(citation, field)) is not None and value != getattr(original, field)
-    ]
+    repeated, pinned = _pinned(citation), _pinned(original)
+    # An answer that repeats every pinned field as issued (as agents do) is compared in one go.
+    # Tuples take a value as equal to itself, unlike `!=`, only for NaN, which no pinned value
+    # can be (`Finite`).
+    differing = (
+        []
+        if repeated == pinned
+        else [
+            field
+            for field, value, issued in zip(_PINNED_FIELDS, repeated, pinned, strict=True)
+            if value is not None and value != issued
+        ]
+    )
     if citation.span_sha256 is not None and original.span_sha256 not in (
         None,
         citation.span_sha256,
