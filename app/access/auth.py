@@ -63,8 +63,8 @@ async def admit_in_transaction(
     request: Request, transaction: Transaction, scopes: frozenset[str]
 ) -> Principal:
     """`require`, for a write done in the request's transaction on the driver (`db.Transaction`):
-    the key's statement scopes that transaction to its tenant, and a write never acts as another
-    tenant (`ACTING_TENANT_HEADER`, which the route reads through this)."""
+    the key's statement scopes that transaction to its tenant. A write never acts as another
+    tenant; the header naming one (`ACTING_TENANT_HEADER`) is read here, not declared."""
     acting = ACTING_TENANT_HEADER.read(request)
     principal = await _admitted(request, transaction, scopes)
     if acting is not None and acting != principal.tenant:
