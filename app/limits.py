@@ -15,17 +15,17 @@ from typing import Any
 
 from fastapi import Depends, Request
 
-from app.config import Settings
+from app.config import Settings, app_settings
 from app.errors import enforce_limit
 
 
 def limit_items(field: str, *, what: str, limit: Callable[[Settings], int]) -> Any:
     """A route dependency refusing a body whose list `field` holds more than `limit` items."""
 
-    # The settings from the app, not through `SettingsDep`: FastAPI solves a dependency's own
+    # The settings called for, not taken as `SettingsDep`: FastAPI solves a dependency's own
     # dependencies again on every request, cached or not.
     async def check(request: Request) -> None:
-        settings: Settings = request.app.state.settings
+        settings = await app_settings(request)
         try:
             body = await request.json()
         except ValueError:

@@ -18,6 +18,7 @@ from fastapi import Depends, Request
 
 from app.access.auth import ACTING_TENANT_HEADER, admit_in_transaction
 from app.access.service import Principal
+from app.config import app_settings
 from app.db import Transaction, request_transaction
 from app.headers import documenting
 from app.idempotency.route import IDEMPOTENCY_KEY_HEADER, claim
@@ -37,7 +38,7 @@ async def _agent_write(request: Request) -> AsyncIterator[AgentWrite]:
     async with request_transaction(request) as transaction:
         principal = await admit_in_transaction(request, transaction, AGENT_SCOPES)
         key = IDEMPOTENCY_KEY_HEADER.read(request)
-        await claim(request, transaction, request.app.state.settings, key)
+        await claim(request, transaction, await app_settings(request), key)
         yield AgentWrite(transaction, principal)
 
 

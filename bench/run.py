@@ -65,8 +65,8 @@ RATE_SHARE = 0.7
 BACKLOG_NOISE_MS = 1.0
 # An open loop whose p50 is over this share of its closed loop's p50 at the full rate queued
 # (`OpenLoop.queued_deeper`). That closed loop's p50 is every connection's request waiting its
-# turn; at 70% of its rate, a server that keeps up has half of them queued about a sixth as
-# deep as that only a fraction of a percent of the time (0.7 ** 16 in the plainest queue).
+# turn; at 70% of its rate, a server that keeps up makes half its requests wait behind half as
+# many only a fraction of a percent of the time (0.7 ** 16 in the plainest queue).
 # Measured on 2 cores: loops that kept up had p50s at 0.04-0.30 of it, loops behind a queue
 # for most of their time at 0.68-0.90.
 QUEUED_OVER_FULL_RATE_P50 = 0.5
@@ -197,10 +197,10 @@ class OpenLoop:
 
     @property
     def kept_up(self) -> bool:
-        """Whether its rate was served without failures, a growing backlog or a queue near as
-        deep as at the full rate. A loop can answer 95% of its rate and still not keep up: 5% short
-        for ten seconds leaves half a second of requests queued at its end, and its p50 is then
-        that queue, not the server."""
+        """Whether its rate was served without failures, a growing backlog or a queue over
+        half as deep as at the full rate. A loop can answer 95% of its rate and still not keep
+        up: 5% short for ten seconds leaves half a second of requests queued at its end, and its
+        p50 is then that queue, not the server."""
         measured = self.measured
         return (
             measured.failed == 0
