@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint pytest fuzz openapi bench soak clean
+.PHONY: run test lint pytest fuzz openapi bench instructions soak clean
 
 $(BIN)/grounding: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is required")'
@@ -39,6 +39,11 @@ openapi: $(BIN)/grounding
 # profiles (`$(BIN)/pip install py-spy`, or BENCH_ARGS=--no-profile). Takes about 45 minutes.
 bench: $(BIN)/grounding
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# The service's own work per request, in one process (README, Instructions per request);
+# INSTRUCTIONS_ARGS=--callgrind counts instructions under valgrind.
+instructions: $(BIN)/grounding
+	$(BIN)/python -m bench.instructions $(INSTRUCTIONS_ARGS)
 
 # A steady mixed load on a served instance (README, Soak); SOAK_ARGS=--seconds 60 for a short one.
 soak: $(BIN)/grounding

@@ -78,9 +78,10 @@ async def prepare(url: str, *, rows: int) -> None:
         await connection.close()
 
 
-def create_app() -> FastAPI:
-    """The floor app, its pool opened by its lifespan from the environment."""
-    url = os.environ[URL_VARIABLE]
+def create_app(url: str | None = None) -> FastAPI:
+    """The floor app on `url` (else the environment's, as uvicorn's workers build it), its pool
+    opened by its lifespan."""
+    url = url or os.environ[URL_VARIABLE]
     pool_size = int(os.environ.get(POOL_VARIABLE, "20"))
 
     @asynccontextmanager
