@@ -36,11 +36,23 @@ from typing import Any
 
 import asyncpg
 import orjson
+import psutil
 from sqlalchemy.engine import make_url
 from starlette.types import ASGIApp, Message
 
 from bench import floor, payloads
-from bench.run import RESOLVE_IDS, ROOT, grounding, libpq, say
+from bench.run import (
+    RESOLVE_IDS,
+    ROOT,
+    database_cpu_seconds,
+    database_cpu_since,
+    grounding,
+    libpq,
+    say,
+    server_process,
+    vacuum,
+)
+from bench.seed import SEEDED_TABLES, Seeder
 
 # Set by the process that prepared the database for the one it starts under valgrind.
 _SECRET_VARIABLE = "BENCH_INSTRUCTIONS_SECRET"
@@ -72,12 +84,24 @@ class Operation:
 
 @dataclass(frozen=True, slots=True)
 class Counted:
-    """An operation's requests and what they cost: instructions, or CPU seconds."""
+    """An operation's requests and what they cost: instructions or CPU seconds in this process,
+    and the database server's CPU seconds where it runs on this machine."""
 
     name: str
     requests: int
     amount: float
     floor: str | None
+    database: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A scratch database and the tenant and key the operations run as."""
+
+    url: str
+    tenant: str
+    key_id: str
+    secret: str
 
 
 async def call(app: ASGIApp, request: Call, headers: Sequence[tuple[bytes, bytes]]) -> bytes:
@@ -297,9 +321,11 @@ async def measure(
     requests: int,
     warmup: int,
     concurrency: int,
+    postmaster: psutil.Process | None = None,
 ) -> list[Counted]:
     """Build the service and the floor app on the prepared database `url`, seed through the
-    service, and count each named operation's `requests` after `warmup` uncounted ones."""
+    service, and count each named operation's `requests` after `warmup` uncounted ones, with
+    the CPU time of the database server `postmaster` meanwhile when it is given."""
     from app.config import Settings
     from app.main import create_app
 
@@ -322,23 +348,35 @@ async def measure(
             operation = operations[name]
             app = floor_app if name in (READ_FLOOR, WRITE_FLOOR) else service
             await drive(app, operation.calls, headers, requests=warmup, concurrency=concurrency)
+            database_before = database_cpu_seconds(postmaster)
             counter.start()
             await drive(app, operation.calls, headers, requests=requests, concurrency=concurrency)
             amount = counter.stop(name)
+            database = database_cpu_since(database_before, database_cpu_seconds(postmaster))
             floor_name = None if name == operation.floor else operation.floor
-            counted.append(Counted(name, requests, amount, floor_name))
+            counted.append(Counted(name, requests, amount, floor_name, database))
     return counted
 
 
 def report(counted: Sequence[Counted], unit: str, scale: float) -> list[str]:
-    """A table: each operation's cost per request, and over its floor's where it was counted."""
-    per_request = {c.name: c.amount / c.requests for c in counted}
-    lines = [f"{'operation':<14} {'requests':>8} {unit + '/request':>22} {'over its floor':>15}"]
+    """A table: each operation's cost per request in this process and, where it was read, in
+    the database server, each over its floor's where that was counted."""
+    own = {c.name: c.amount / c.requests for c in counted}
+    database = {c.name: c.database / c.requests for c in counted if c.database is not None}
+
+    def over(costs: dict[str, float], c: Counted) -> str:
+        floor_cost = costs.get(c.floor) if c.floor else None
+        return f"{costs[c.name] / floor_cost:.2f}" if floor_cost and c.name in costs else ""
+
+    lines = [
+        f"{'operation':<14} {'requests':>8} {unit + '/request':>22} {'over floor':>10}"
+        f" {'database CPU ms/request':>24} {'over floor':>10}"
+    ]
     for c in counted:
-        floor_cost = per_request.get(c.floor) if c.floor else None
-        over = f"{per_request[c.name] / floor_cost:.2f}" if floor_cost else ""
+        database_ms = f"{database[c.name] * 1e3:.3f}" if c.name in database else "-"
         lines.append(
-            f"{c.name:<14} {c.requests:>8} {per_request[c.name] * scale:>22.3f} {over:>15}"
+            f"{c.name:<14} {c.requests:>8} {own[c.name] * scale:>22.3f} {over(own, c):>10}"
+            f" {database_ms:>24} {over(database, c):>10}"
         )
     return lines
 
@@ -355,21 +393,22 @@ async def _admin(server_url: str, statement: str) -> None:
 
 
 @contextmanager
-def prepared_database(server_url: str | None) -> Iterator[tuple[str, str]]:
-    """A scratch database, migrated, with a tenant and a key of every scope the operations
-    need, on `server_url` (as its owner) or on an embedded server in a temporary directory;
-    dropped (or the server stopped) at the end. Yields the database's URL and the key."""
+def prepared_database(server_url: str | None, *, rows: int) -> Iterator[Prepared]:
+    """A scratch database, migrated, with a tenant, a key of every scope the operations need and
+    `rows` chunks and as many citations seeded as the benchmark seeds them (`bench.seed`, which
+    needs a superuser), on `server_url` (as its owner) or on an embedded server in a temporary
+    directory; dropped (or the server stopped) at the end."""
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as scratch:
         if server_url is None:
             from app.embedded import embedded_database
 
             with embedded_database(Path(scratch)) as url:
-                yield from _scratch_database(url)
+                yield from _scratch_database(url, rows=rows)
         else:
-            yield from _scratch_database(server_url)
+            yield from _scratch_database(server_url, rows=rows)
 
 
-def _scratch_database(server_url: str) -> Iterator[tuple[str, str]]:
+def _scratch_database(server_url: str, *, rows: int) -> Iterator[Prepared]:
     name = f"bench_instructions_{secrets.token_hex(4)}"
     asyncio.run(_admin(server_url, f'CREATE DATABASE "{name}"'))
     try:
@@ -380,7 +419,14 @@ def _scratch_database(server_url: str) -> Iterator[tuple[str, str]]:
         grounding(environment, "tenants", "create", tenant)
         scopes = "ingest,agent,support,audit"
         printed = grounding(environment, "keys", "create", "--tenant", tenant, "--scopes", scopes)
-        yield url, printed.strip().splitlines()[-1]
+        *_, described, secret = printed.strip().splitlines()
+        prepared = Prepared(url, tenant, key_id=described.split()[1], secret=secret)
+        if rows:
+            seeder = Seeder(tenant=tenant, key_id=prepared.key_id)
+            asyncio.run(seeder.seed(libpq(url), chunks=rows, citations=rows))
+            # Planned as at the benchmark's sizes, not as for empty tables.
+            asyncio.run(vacuum(libpq(url), SEEDED_TABLES))
+        yield prepared
     finally:
         asyncio.run(_admin(server_url, f'DROP DATABASE "{name}" WITH (FORCE)'))
 
@@ -408,6 +454,12 @@ def parser() -> argparse.ArgumentParser:
         " else an embedded PostgreSQL in a temporary directory)",
     )
     made.add_argument("--operations", nargs="+", choices=ALL_OPERATIONS, default=ALL_OPERATIONS)
+    made.add_argument(
+        "--rows",
+        type=int,
+        default=10_000,
+        help="chunks and citations seeded first, as the benchmark's first size (0: none)",
+    )
     made.add_argument("--requests", type=int, default=400, help="counted per operation")
     made.add_argument("--warmup", type=int, default=100, help="sent first, not counted")
     made.add_argument("--concurrency", type=int, default=8)
@@ -464,12 +516,12 @@ def main(argv: list[str] | None = None) -> None:
         shutil.which("valgrind") is None or not shutil.which("callgrind_control")
     ):
         raise SystemExit("--callgrind needs valgrind: apt-get install valgrind")
-    with prepared_database(args.database_url) as (url, secret):
+    with prepared_database(args.database_url, rows=args.rows) as prepared:
         if args.callgrind:
             with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as scratch:
-                _under_callgrind(args, url, secret, Path(scratch))
+                _under_callgrind(args, prepared.url, prepared.secret, Path(scratch))
         else:
-            run_measure(args, url, secret, CpuTime())
+            run_measure(args, prepared.url, prepared.secret, CpuTime())
 
 
 def run_measure(args: argparse.Namespace, url: str, secret: str, counter: Counter) -> None:
@@ -483,6 +535,7 @@ def run_measure(args: argparse.Namespace, url: str, secret: str, counter: Counte
             requests=args.requests,
             warmup=args.warmup,
             concurrency=args.concurrency,
+            postmaster=server_process(libpq(url)),
         )
     )
     for line in report(counted, counter.unit, counter.scale):

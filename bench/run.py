@@ -50,7 +50,7 @@ from bench.load import (
     wrk_path,
 )
 from bench.profile import Profile, hot_spots, py_spy_path, start_recording
-from bench.seed import Seeder, SeedReport
+from bench.seed import SEEDED_TABLES, Seeder, SeedReport
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -70,15 +70,7 @@ BACKLOG_NOISE_MS = 1.0
 # Measured on 2 cores: loops that kept up had p50s at 0.04-0.30 of it, loops behind a queue
 # for most of their time at 0.68-0.90.
 QUEUED_OVER_FULL_RATE_P50 = 0.5
-# The tables seeding fills and a block's own writes touch, vacuumed after each.
-SEEDED_TABLES = (
-    "document_versions",
-    "version_keys",
-    "chunks",
-    "runs",
-    "citations",
-    "audit_entries",
-)
+# The tables seeding fills (`SEEDED_TABLES`) and a block's own writes touch, vacuumed after each.
 WRITTEN_TABLES = (*SEEDED_TABLES, "verifications", "verification_citations")
 
 MACHINE_NOTE = (
@@ -474,10 +466,30 @@ def database_cpu_seconds(postmaster: psutil.Process | None) -> dict[int, float] 
     times = {}
     for process in postmaster.children():
         try:
-            times[process.pid] = sum(process.cpu_times()[:2])
-        except psutil.Error:
+            times[process.pid] = on_cpu_seconds(process)
+        except (psutil.Error, OSError):
             continue
     return times
+
+
+def database_cpu_since(
+    before: dict[int, float] | None, after: dict[int, float] | None
+) -> float | None:
+    """The server's CPU seconds between two readings of `database_cpu_seconds`: all of a process
+    that began meanwhile, none of one that ended (the pools keep their backends)."""
+    if before is None or after is None:
+        return None
+    return sum(t - before.get(pid, 0.0) for pid, t in after.items())
+
+
+def on_cpu_seconds(process: psutil.Process) -> float:
+    """A process's CPU time so far: to the nanosecond where Linux keeps it (`schedstat`, user
+    and system time together), else in clock ticks (10 ms), too coarse for a short load."""
+    try:
+        with open(f"/proc/{process.pid}/schedstat") as stats:
+            return int(stats.read().split()[0]) / 1e9
+    except FileNotFoundError:
+        return float(sum(process.cpu_times()[:2]))
 
 
 def stolen_share(before: Any, after: Any) -> float | None:
@@ -556,10 +568,7 @@ def timed_load(
     generator = sum(children[2:4]) - sum(children_before[2:4])
     stolen = stolen_share(machine_before, psutil.cpu_times())
     spent = cpu_seconds(processes) - before
-    database_after = database_cpu_seconds(postmaster)
-    if database_before is None or database_after is None:
-        return Timed(measured, spent, None, stolen, generator)
-    database_spent = sum(t - database_before.get(pid, 0.0) for pid, t in database_after.items())
+    database_spent = database_cpu_since(database_before, database_cpu_seconds(postmaster))
     return Timed(measured, spent, database_spent, stolen, generator)
 
 
