@@ -6,11 +6,12 @@ process and driven over ASGI, without an HTTP server, `--concurrency` requests a
 against a real PostgreSQL. With `--callgrind` the process runs under valgrind's callgrind and
 counts instructions only while an operation's measured requests run: repeat runs agree within
 half a percent. Without it, the process's CPU time per request is reported, as noisy as the
-machine it runs on.
+machine it runs on. Beside either, where the server runs on this machine, its CPU time per
+request: what the operation's statements cost PostgreSQL.
 
-Neither counts uvicorn or PostgreSQL: the figures compare revisions of the service's own work
-and set it beside the floor's; they are not the issue's targets, which `bench.run` measures. To
-compare two revisions, run the same command from each tree (or with `PYTHONPATH` set to it).
+Neither counts uvicorn: the figures compare revisions of the service's own work and of its
+statements, each beside the floor's; the targets are the benchmark's (`bench.run`). To compare
+two revisions, run the same command from each tree (or with `PYTHONPATH` set to it).
 
     python -m bench.instructions [--callgrind] [--requests 400] [--operations verify runs]
 """
