@@ -66,8 +66,8 @@ def result(of: str = "c1", **overrides: object) -> RetrievalResult:
         "document_id": "refund-policy",
         "version": "2026-11-03",
         "chunk_id": of,
-        "start": pinned.span.start,
-        "end": pinned.span.end,
+        "start": pinned.start,
+        "end": pinned.end,
         "score": 0.82,
         "branches": {"bm25": 11.2, "vector": 0.79, "rerank": 0.93},
     }
@@ -133,14 +133,14 @@ def test_cite_issues_one_citation_per_result_in_order_pinning_what_was_read() ->
         "document_id": "refund-policy",
         "document_version": "2026-11-03",
         "chunk_id": "c3",
-        "span": chunks["c3"].span.model_dump(),
+        "span": {"start": chunks["c3"].start, "end": chunks["c3"].end},
         "score": 0.82,
         "branches": {"bm25": 11.2, "vector": 0.79, "rerank": 0.93},
         "retrieved_at": RETRIEVED_AT,
         "locator": {"uri": "https://handbook/refunds", "page": None, "section": None},
         "span_sha256": span_sha256(TEXT[TEXT.index("返金") :]),
-        "span_utf8": chunks["c3"].span_utf8.model_dump(),
-        "span_utf16": chunks["c3"].span_utf16.model_dump(),
+        "span_utf8": {"start": chunks["c3"].utf8_start, "end": chunks["c3"].utf8_end},
+        "span_utf16": {"start": chunks["c3"].utf16_start, "end": chunks["c3"].utf16_end},
     }
     assert citations[1].score is None
     assert citations[1].branches == {}
@@ -273,9 +273,9 @@ def check_pinned(text: str, chunks: list[ChunkBounds], pinned: list[PinnedChunk]
         cited = text[chunk.start : chunk.end]
         start8, start16 = naive_offsets(text, chunk.start)
         end8, end16 = naive_offsets(text, chunk.end)
-        assert pin.span == Span(start=chunk.start, end=chunk.end)
-        assert pin.span_utf8 == Span(start=start8, end=end8)
-        assert pin.span_utf16 == Span(start=start16, end=end16)
+        assert (pin.start, pin.end) == (chunk.start, chunk.end)
+        assert (pin.utf8_start, pin.utf8_end) == (start8, end8)
+        assert (pin.utf16_start, pin.utf16_end) == (start16, end16)
         assert encoded8[start8:end8].decode("utf-8") == cited
         assert encoded16[2 * start16 : 2 * end16].decode("utf-16-le") == cited
         assert pin.span_sha256 == hashlib.sha256(cited.encode("utf-8")).hexdigest()
@@ -298,16 +298,19 @@ def test_pinned_offsets_of_ascii_text_are_the_code_point_offsets(
     text, chunks = case
     pinned = pin_chunks(text, chunks, hmac_key=KEY)
     check_pinned(text, chunks, pinned)
-    assert all(p.span == p.span_utf8 == p.span_utf16 for p in pinned)
+    assert all(
+        (p.start, p.end) == (p.utf8_start, p.utf8_end) == (p.utf16_start, p.utf16_end)
+        for p in pinned
+    )
 
 
 def test_pinned_offsets_across_a_zwj_sequence_and_an_accent() -> None:
     text = "a👨‍👩‍👧é返"
     [pin] = pin_chunks(text, [ChunkBounds(chunk_id="c", start=1, end=7)], hmac_key=KEY)
     # 👨 (4 bytes, 2 units) ZWJ (3, 1) 👩 (4, 2) ZWJ (3, 1) 👧 (4, 2) é (2, 1)
-    assert pin.span == Span(start=1, end=7)
-    assert pin.span_utf8 == Span(start=1, end=21)
-    assert pin.span_utf16 == Span(start=1, end=10)
+    assert (pin.start, pin.end) == (1, 7)
+    assert (pin.utf8_start, pin.utf8_end) == (1, 21)
+    assert (pin.utf16_start, pin.utf16_end) == (1, 10)
 
 
 def test_overlapping_and_repeated_bounds_are_pinned_each() -> None:
@@ -318,10 +321,10 @@ def test_overlapping_and_repeated_bounds_are_pinned_each() -> None:
         ChunkBounds(chunk_id="c", start=1, end=2),
     ]
     pinned = pin_chunks(text, chunks, hmac_key=KEY)
-    assert [(p.span_utf8, p.span_utf16) for p in pinned] == [
-        (Span(start=0, end=12), Span(start=0, end=6)),
-        (Span(start=4, end=8), Span(start=2, end=4)),
-        (Span(start=4, end=8), Span(start=2, end=4)),
+    assert [(p.utf8_start, p.utf8_end, p.utf16_start, p.utf16_end) for p in pinned] == [
+        (0, 12, 0, 6),
+        (4, 8, 2, 4),
+        (4, 8, 2, 4),
     ]
 
 
@@ -345,9 +348,7 @@ def test_cite_over_pinned_chunks_carries_their_offsets_and_hash(
         )
     }
     results = [
-        RetrievalResult(
-            document_id="d", version="v", chunk_id=p.chunk_id, start=p.span.start, end=p.span.end
-        )
+        RetrievalResult(document_id="d", version="v", chunk_id=p.chunk_id, start=p.start, end=p.end)
         for p in pinned
     ]
     new_id, _ = counter()
@@ -356,11 +357,11 @@ def test_cite_over_pinned_chunks_carries_their_offsets_and_hash(
     )
     for citation, pin in zip(citations, pinned, strict=True):
         assert (citation.span, citation.span_utf8, citation.span_utf16) == (
-            pin.span,
-            pin.span_utf8,
-            pin.span_utf16,
+            Span(start=pin.start, end=pin.end),
+            Span(start=pin.utf8_start, end=pin.utf8_end),
+            Span(start=pin.utf16_start, end=pin.utf16_end),
         )
-        assert citation.span_sha256 == span_sha256(text[pin.span.start : pin.span.end])
+        assert citation.span_sha256 == span_sha256(text[pin.start : pin.end])
 
 
 # ---------------------------------------------------------------------------------------------

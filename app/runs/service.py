@@ -26,7 +26,7 @@ from app.db import Transaction
 from app.errors import NotFound
 from app.grounding.cite import PinnedChunk, RegisteredVersion, RetrievalResult, cite
 from app.grounding.excerpt import citation_attributes
-from app.grounding.models import Citation, Span
+from app.grounding.models import Citation
 from app.ids import new_id
 from app.models import CitationRow, Run
 
@@ -92,9 +92,12 @@ async def _registry(
         if span_start is not None:
             pinned[chunk_id] = PinnedChunk(
                 chunk_id=chunk_id,
-                span=Span(start=span_start, end=span_end),
-                span_utf8=Span(start=utf8_start, end=utf8_end),
-                span_utf16=Span(start=utf16_start, end=utf16_end),
+                start=span_start,
+                end=span_end,
+                utf8_start=utf8_start,
+                utf8_end=utf8_end,
+                utf16_start=utf16_start,
+                utf16_end=utf16_end,
                 span_sha256=sha256 or "",
                 span_hmac=hmac,
                 page=page,
