@@ -175,12 +175,8 @@ async def drive(
     await asyncio.gather(*(sender() for _ in range(concurrency)))
 
 
-def _json(value: Any) -> bytes:
-    return orjson.dumps(value)
-
-
 def _posting(path: str, body: Any, expect: int = 200) -> Call:
-    return Call("POST", path, _json(body), expect)
+    return Call("POST", path, orjson.dumps(body), expect)
 
 
 async def _seed(app: ASGIApp, headers: Sequence[tuple[bytes, bytes]]) -> list[Operation]:
