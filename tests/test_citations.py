@@ -867,6 +867,37 @@ async def test_a_resolve_reads_each_citation_s_own_rows_whatever_the_tenant_hold
             assert read["document_versions"] <= 2 * count, (count, read)
 
 
+async def test_a_resolved_row_ends_with_the_columns_its_body_is_read_from_in_order(
+    committed: Committed,
+) -> None:
+    # `_body` unpacks a row's last columns by position: a column added, removed or moved in
+    # the statement must be one in `_body` too.
+    read_by_body = [
+        "citation_id",
+        "document_id",
+        "document_version",
+        "span_start",
+        "span_end",
+        "uri",
+        "page",
+        "section",
+        "span_sha256",
+        "chunk_text",
+        "chunk_start",
+        "erased_at",
+        "request_ref",
+        "superseded_by",
+    ]
+    async with committed.owner.connect() as connection:
+        driver = (await connection.get_raw_connection()).driver_connection
+        assert driver is not None
+        for statement, before in ((citations._RESOLVE, 0), (citations._RESOLVE_KEYED, 4)):
+            prepared = await driver.prepare(statement)
+            names = [attribute.name for attribute in prepared.get_attributes()]
+            assert names[before:] == read_by_body
+            assert names[-citations._RESOLVED_WIDTH :] == read_by_body
+
+
 # What a resolved row puts in a body: text of any code points a database can hold, offsets and
 # pages, flags, nulls, and the timestamps PostgreSQL gives back (UTC, to the microsecond).
 _row_values = st.one_of(
