@@ -1,6 +1,6 @@
 """The service's own work per request, counted in one process: a steady yardstick for revisions.
 
-`bench.run`'s ratios move by up to a tenth between runs on a shared machine, which hides a
+`bench.run`'s ratios move by up to a quarter between runs on a shared machine, which hides a
 change of a few percent. Here the service and the floor app (`bench.floor`) are built in this
 process and driven over ASGI, without an HTTP server, `--concurrency` requests at a time,
 against a real PostgreSQL. With `--callgrind` the process runs under valgrind's callgrind and
@@ -509,9 +509,7 @@ def main(argv: list[str] | None = None) -> None:
         counter: Counter = Callgrind(args.counting_into)
         run_measure(args, args.database_url, os.environ[_SECRET_VARIABLE], counter)
         return
-    if args.callgrind and (
-        shutil.which("valgrind") is None or not shutil.which("callgrind_control")
-    ):
+    if args.callgrind and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         raise SystemExit("--callgrind needs valgrind: apt-get install valgrind")
     with prepared_database(args.database_url, rows=args.rows) as prepared:
         if args.callgrind:
