@@ -13,8 +13,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app import bodies
+from app.answers import service as answers
+from app.citations import service as citations
 from app.grounding.models import CitedAnswer
-from tests.conftest import statements_sent
+from tests.conftest import Committed, statements_sent
 from tests.factories import (
     Keys,
     claim,
@@ -812,3 +814,25 @@ async def test_an_answer_body_is_decoded_once_by_the_fast_decoder(
 
     assert response.status_code == 200, response.text
     assert [json.loads(body) for body in decoded] == [answer]
+
+
+async def test_a_run_is_read_for_its_check_as_the_citations_it_stores(committed: Committed) -> None:
+    # `_issued_pin` unpacks the statement's columns by position and pins them without building
+    # each `Citation`: the check must read what the model holds, field for field and in order.
+    # The policy's offsets differ in code points, UTF-8 and UTF-16, so no two columns read alike.
+    await register_version(committed.client, committed.keys)
+    run = await record_run(committed.client, committed.keys)
+    async with committed.owner.connect() as connection:
+        driver = (await connection.get_raw_connection()).driver_connection
+        assert driver is not None
+        rows = await driver.fetch(answers._ISSUED, "acme", run["run_id"])
+        stored = await driver.fetch(
+            "SELECT * FROM citations WHERE tenant = $1 AND run_id = $2 ORDER BY ordinal",
+            "acme",
+            run["run_id"],
+        )
+    issued = [citations.from_row(row) for row in stored]
+    assert len(issued) == len(run["citations"]) == 4
+    assert [answers._issued_pin(row) for row in rows] == [
+        (c.citation_id, c.document_id, c.document_version, c.pinned, c.span_sha256) for c in issued
+    ]

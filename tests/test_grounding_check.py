@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -28,6 +28,7 @@ from app.grounding import (
     rejection,
 )
 from app.grounding.errors import ERRORS_BY_CODE, VIOLATION_ORDER
+from app.grounding.models import PINNED_FIELDS, pinned_values
 
 TENANT = "acme"
 RUN = "run_1"
@@ -506,6 +507,30 @@ def test_claim_without_citations_over_an_empty_run_is_uncited() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # (c) checking never modifies the answer
+
+
+@given(issued_runs(), issued_runs(), st.sampled_from(["full", "essentials"]))
+def test_each_pinned_value_is_its_field_and_equal_exactly_when_the_field_is(
+    first: list[Citation], second: list[Citation], shape: str
+) -> None:
+    # The check compares `pinned_values`, not the models: each value must stand at its field's
+    # place in PINNED_FIELDS, and differ exactly when its field does. One field at a time is
+    # given another citation's value (or an answer's missing one), and only its place may move.
+    later = RETRIEVED_AT + timedelta(seconds=1)
+    others = [c.model_copy(update={"run_id": "run_2", "retrieved_at": later}) for c in second]
+    pairs: list[tuple[Citation | AnswerCitation, Citation | AnswerCitation]] = [
+        *zip(first, others, strict=False),
+        *((as_carried(a), as_carried(b, shape=shape)) for a, b in zip(first, others, strict=False)),
+    ]
+    for citation, other in pairs:
+        pinned = pinned_values(citation)
+        assert len(pinned) == len(PINNED_FIELDS)
+        for place, field in enumerate(PINNED_FIELDS):
+            changed = pinned_values(citation.model_copy(update={field: getattr(other, field)}))
+            moved = [i for i, (a, b) in enumerate(zip(pinned, changed, strict=True)) if a != b]
+            assert moved == ([place] if getattr(citation, field) != getattr(other, field) else [])
+        if isinstance(citation, Citation):
+            assert citation.pinned == pinned
 
 
 @given(grounded_answers(), st.booleans())

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from asyncpg import Record
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import telemetry
@@ -30,7 +31,7 @@ from app.errors import NotFound
 from app.grounding.check import find_violations, rejection
 from app.grounding.errors import GroundingError
 from app.grounding.excerpt import citation_attributes
-from app.grounding.models import Citation, CitedAnswer
+from app.grounding.models import Citation, CitedAnswer, IssuedPin
 from app.ids import new_id
 from app.models import Verification
 
@@ -66,11 +67,14 @@ def answer_sha256(answer: CitedAnswer) -> str:
     return hashlib.sha256(chain.canonical(dumped)).hexdigest()
 
 
-# The run's citations in result order; one row of nulls when it issued none, and no row at all
-# when there is no such run. Every statement of a verification is the driver's, in the request's
-# transaction on it: SQLAlchemy's per-statement and per-row work costs more than their round trips.
+# The run's citations in result order, each as the check reads it (`_issued_pin` unpacks the
+# columns in this order); one row of nulls when it issued none, and no row at all when there is
+# no such run. Every statement of a verification is the driver's, in the request's transaction
+# on it: SQLAlchemy's per-statement and per-row work costs more than their round trips.
 _ISSUED = """
-    SELECT c.*
+    SELECT c.citation_id, c.document_id, c.document_version, c.run_id, c.chunk_id,
+           c.span_start, c.span_end, c.utf8_start, c.utf8_end, c.utf16_start, c.utf16_end,
+           c.score, c.branches, c.retrieved_at, c.uri, c.page, c.section, c.span_sha256
       FROM runs r
       LEFT JOIN citations c ON c.tenant = r.tenant AND c.run_id = r.run_id
      WHERE r.tenant = $1 AND r.run_id = $2
@@ -78,11 +82,50 @@ _ISSUED = """
     """
 
 
-async def _issued(transaction: Transaction, tenant: str, run_id: str) -> list[Citation]:
+def _issued_pin(row: Record) -> IssuedPin:
+    """A row of `_ISSUED` as the check reads its citation: what `pinned_values` gives of the
+    `Citation` `citations.from_row` would build, for under a tenth of what building it costs."""
+    (
+        citation_id,
+        document_id,
+        document_version,
+        run_id,
+        chunk_id,
+        start,
+        end,
+        utf8_start,
+        utf8_end,
+        utf16_start,
+        utf16_end,
+        score,
+        branches,
+        retrieved_at,
+        uri,
+        page,
+        section,
+        span_sha256,
+    ) = row
+    pinned = (
+        document_id,
+        document_version,
+        run_id,
+        chunk_id,
+        (start, end),
+        (utf8_start, utf8_end),
+        (utf16_start, utf16_end),
+        score,
+        branches,
+        retrieved_at,
+        (uri, page, section),
+    )
+    return IssuedPin(citation_id, document_id, document_version, pinned, span_sha256)
+
+
+async def _issued(transaction: Transaction, tenant: str, run_id: str) -> list[IssuedPin]:
     rows = await transaction.fetch(_ISSUED, tenant, run_id)
     if not rows:
         raise NotFound("no such run")
-    return [citations.from_row(row) for row in rows if row["citation_id"] is not None]
+    return [_issued_pin(row) for row in rows if row[0] is not None]
 
 
 # The text of the chunks the run's citations among $3 pin; an erased version's chunks have none.
@@ -105,7 +148,7 @@ async def _cited_texts(
 
 
 def _span_attributes(
-    answer: CitedAnswer, issued: list[Citation], outcome: str, error: GroundingError | None
+    answer: CitedAnswer, issued: list[IssuedPin], outcome: str, error: GroundingError | None
 ) -> telemetry.Attributes:
     # The run's own citations the answer carries, not the answer's copies of them: their
     # document ids and versions are the registry's, never whatever a caller typed.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 from asyncpg import Record
 from sqlalchemy import select
@@ -283,8 +283,7 @@ class _Source(NamedTuple):
     document_version: str
 
 
-def _sources(bodies: Iterable[Body]) -> Iterable[Citation]:
+def _sources(bodies: Iterable[Body]) -> Iterable[_Source]:
     # `citation_attributes` reads a citation's document id and version, all a body needs to
     # carry: reading whole citations for it would cost every read, traced or not.
-    sources = (_Source(b["document_id"], b["document_version"]) for b in bodies)
-    return cast("Iterable[Citation]", sources)
+    return (_Source(b["document_id"], b["document_version"]) for b in bodies)

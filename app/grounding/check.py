@@ -12,35 +12,25 @@ Invariants kept here:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from operator import attrgetter
 from typing import Literal
 
 from app.grounding.errors import VIOLATION_ORDER, GroundingError
-from app.grounding.models import AnswerCitation, Citation, CitedAnswer, Claim, Violation
+from app.grounding.models import (
+    PINNED_FIELDS,
+    AnswerCitation,
+    CitedAnswer,
+    Claim,
+    Issued,
+    Violation,
+    pinned_values,
+)
 
 Outcome = Literal["grounded", "refused"]
-
-# Fields an answer may repeat from its citation; each one repeated must match what was issued.
-_PINNED_FIELDS = (
-    "document_id",
-    "document_version",
-    "run_id",
-    "chunk_id",
-    "span",
-    "span_utf8",
-    "span_utf16",
-    "score",
-    "branches",
-    "retrieved_at",
-    "locator",
-)
-# All of them at once, as a tuple, in `_PINNED_FIELDS` order.
-_pinned = attrgetter(*_PINNED_FIELDS)
 
 
 def find_violations(
     answer: CitedAnswer,
-    issued: Sequence[Citation],
+    issued: Sequence[Issued],
     *,
     tenant: str,
     cited_texts: Mapping[str, str] | None = None,
@@ -135,7 +125,7 @@ def _citation_violations(
     index: int,
     citation: AnswerCitation,
     tenant: str,
-    issued_by_id: dict[str, Citation],
+    issued_by_id: dict[str, Issued],
     issued_ids: tuple[str, ...],
 ) -> list[Violation]:
     if citation.tenant is not None and citation.tenant != tenant:
@@ -160,7 +150,7 @@ def _citation_violations(
                 detail="this run did not issue the citation",
             )
         ]
-    repeated, pinned = _pinned(citation), _pinned(original)
+    repeated, pinned = pinned_values(citation), original.pinned
     # An answer that repeats every pinned field as issued (as agents do) is compared in one go.
     # Tuples take a value as equal to itself, unlike `!=`, only for NaN, which no pinned value
     # can be (`Finite`).
@@ -169,7 +159,7 @@ def _citation_violations(
         if repeated == pinned
         else [
             field
-            for field, value, issued in zip(_PINNED_FIELDS, repeated, pinned, strict=True)
+            for field, value, issued in zip(PINNED_FIELDS, repeated, pinned, strict=True)
             if value is not None and value != issued
         ]
     )
@@ -210,7 +200,7 @@ def rejection(violations: Sequence[Violation]) -> GroundingError | None:
 
 def check_grounding(
     answer: CitedAnswer,
-    issued: Sequence[Citation],
+    issued: Sequence[Issued],
     *,
     tenant: str,
     cited_texts: Mapping[str, str] | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from app.grounding.cite import span_sha256
-from app.grounding.models import Citation, Excerpt
+from app.grounding.models import Citation, Excerpt, Sourced
 
 
 class ExcerptIntegrityError(Exception):
@@ -57,7 +57,7 @@ def excerpt(
     )
 
 
-def citation_attributes(citations: Iterable[Citation]) -> dict[str, int | Sequence[str]]:
+def citation_attributes(citations: Iterable[Sourced]) -> dict[str, int | Sequence[str]]:
     """Span attributes for tracing: counts, document ids and versions under `adk.citation.*`."""
     items = list(citations)
     documents = sorted({c.document_id for c in items})

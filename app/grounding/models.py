@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -94,6 +94,48 @@ class Locator(Frozen):
     section: LocatorText | None = None
 
 
+class Sourced(Protocol):
+    """A citation's document and version, all that tracing names of it."""
+
+    @property
+    def document_id(self) -> str: ...
+
+    @property
+    def document_version(self) -> str: ...
+
+
+# The fields an answer may repeat from its citation; each one it repeats must be as issued.
+PINNED_FIELDS = (
+    "document_id",
+    "document_version",
+    "run_id",
+    "chunk_id",
+    "span",
+    "span_utf8",
+    "span_utf16",
+    "score",
+    "branches",
+    "retrieved_at",
+    "locator",
+)
+# A citation's `PINNED_FIELDS` as plain values, in that order (`pinned_values`).
+Pinned = tuple[object, ...]
+
+
+class Issued(Sourced, Protocol):
+    """What checking an answer reads of a citation its run issued: a `Citation`, or an
+    `IssuedPin` made from its stored row."""
+
+    @property
+    def citation_id(self) -> str: ...
+
+    @property
+    def pinned(self) -> Pinned: ...
+
+    @property
+    def span_sha256(self) -> str | None: ...
+
+
 class Citation(Frozen):
     """One retrieved chunk, pinned: document, version, chunk, span, tenant and scores."""
 
@@ -114,6 +156,22 @@ class Citation(Frozen):
     span_utf8: Span
     span_utf16: Span
 
+    @property
+    def pinned(self) -> Pinned:
+        """The fields an answer may repeat, as `pinned_values` gives them."""
+        return pinned_values(self)
+
+
+class IssuedPin(NamedTuple):
+    """An issued citation as checking an answer reads it (`Issued`), made from its stored values
+    without building the `Citation`: they were validated when it was issued."""
+
+    citation_id: str
+    document_id: str
+    document_version: str
+    pinned: Pinned
+    span_sha256: str | None
+
 
 class AnswerCitation(Frozen):
     """A citation as an answer carries it: the issued fields, of which only the id is essential."""
@@ -133,6 +191,33 @@ class AnswerCitation(Frozen):
     span_sha256: Identifier | None = None
     span_utf8: Span | None = None
     span_utf16: Span | None = None
+
+
+def _bounds(span: Span | None) -> tuple[int, int] | None:
+    return None if span is None else (span.start, span.end)
+
+
+def pinned_values(citation: Citation | AnswerCitation) -> Pinned:
+    """`citation`'s `PINNED_FIELDS` in order, as plain values that compare as the fields do: a
+    span as `(start, end)`, the locator as `(uri, page, section)`, None where not given.
+
+    An issued citation's are made from its row as well (`IssuedPin`): plain values cost no
+    model to build, and compare without a Python call per model.
+    """
+    locator = citation.locator
+    return (
+        citation.document_id,
+        citation.document_version,
+        citation.run_id,
+        citation.chunk_id,
+        _bounds(citation.span),
+        _bounds(citation.span_utf8),
+        _bounds(citation.span_utf16),
+        citation.score,
+        citation.branches,
+        citation.retrieved_at,
+        None if locator is None else (locator.uri, locator.page, locator.section),
+    )
 
 
 class Quote(Frozen):
