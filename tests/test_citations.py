@@ -23,8 +23,8 @@ from app import db
 from app.access import service as access
 from app.access.auth import READERS
 from app.access.service import Reader
+from app.bodies import json_response
 from app.citations import service as citations
-from app.citations.router import json_response
 from app.citations.schemas import ResolveRead
 from app.config import Settings
 from app.grounding.models import Excerpt, Tombstone

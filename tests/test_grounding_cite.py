@@ -10,17 +10,21 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import TypeAdapter
 
+from app.bodies import json_response
 from app.grounding import Citation, ConfigurationError, Locator, RetrievalResult, Span, cite
 from app.grounding.cite import (
     ChunkBounds,
     PinnedChunk,
     RegisteredVersion,
     chunk_problems,
+    issue,
     keyed_span_hash,
     pin_chunks,
     span_sha256,
 )
+from app.runs.schemas import RunRead
 
 KEY = b"k" * 32
 RETRIEVED_AT = datetime(2026, 11, 3, 9, 30, tzinfo=UTC)
@@ -362,6 +366,70 @@ def test_cite_over_pinned_chunks_carries_their_offsets_and_hash(
             Span(start=pin.utf16_start, end=pin.utf16_end),
         )
         assert citation.span_sha256 == span_sha256(text[pin.start : pin.end])
+
+
+finite = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@given(
+    texts_with_chunks(),
+    st.lists(st.none() | finite, min_size=6, max_size=6),
+    st.dictionaries(st.text(max_size=8), finite, max_size=3),
+    st.none() | st.text(max_size=20),
+    st.datetimes(timezones=st.just(UTC)),
+)
+def test_issued_fields_are_written_as_pydantic_writes_the_citations_cite_makes_of_them(
+    case: tuple[str, list[ChunkBounds]],
+    scores: list[float | None],
+    branches: dict[str, float],
+    uri: str | None,
+    retrieved_at: datetime,
+) -> None:
+    # `POST /v1/runs` answers with the fields `issue` gives, written by orjson: the bytes must
+    # be those FastAPI has pydantic write for the run's `Citation`s, which `cite` validates.
+    text, chunks = case
+    unique = list({c.chunk_id: c for c in chunks}.values())
+    pinned = pin_chunks(text, unique, hmac_key=KEY)
+    reg = {
+        ("d", "v"): RegisteredVersion(erased=False, uri=uri, chunks={p.chunk_id: p for p in pinned})
+    }
+    results = [
+        RetrievalResult(
+            document_id="d",
+            version="v",
+            chunk_id=p.chunk_id,
+            start=p.start,
+            end=p.end,
+            score=score,
+            branches=branches,
+        )
+        for p, score in zip(pinned, scores, strict=False)
+    ]
+    run = {
+        "run_id": "r",
+        "tenant": "acme",
+        "query": text,
+        "scope": uri,
+        "retrieved_at": retrieved_at,
+    }
+    fields = issue(
+        results,
+        reg,
+        run_id="r",
+        tenant="acme",
+        retrieved_at=retrieved_at,
+        new_citation_id=counter()[0],
+    )
+    models = cite(
+        results,
+        reg,
+        run_id="r",
+        tenant="acme",
+        retrieved_at=retrieved_at,
+        new_citation_id=counter()[0],
+    )
+    written = TypeAdapter(RunRead).dump_json(RunRead(**run, citations=models), by_alias=True)
+    assert json_response({**run, "citations": fields}).body == written
 
 
 # ---------------------------------------------------------------------------------------------

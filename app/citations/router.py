@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
 from fastapi import APIRouter, Request, Response
 
 from app.access.auth import ACTING_TENANT_HEADER, READERS, KeyedReads, ReaderKey, keyed_reads
-from app.bodies import JSONBodyRoute
+from app.bodies import JSONBodyRoute, json_response
 from app.citations import service as citations
 from app.citations.schemas import ResolveRead, ResolveRequest, resolve_entry_body
 from app.db import SessionDep
@@ -18,14 +15,6 @@ from app.headers import documenting
 from app.limits import limit_items
 
 router = APIRouter(prefix="/v1/citations", tags=["citations"], route_class=JSONBodyRoute)
-
-
-def json_response(body: Any) -> Response:
-    """A body the service built field for field from its schema, as pydantic would write it."""
-    # Validating it again as the response model would cost more than the read, and orjson writes
-    # it (with UTC as `Z`, as pydantic does) four times faster than pydantic's encoder: 40 us
-    # against 160 us for a resolve's hundred excerpts.
-    return Response(orjson.dumps(body, option=orjson.OPT_UTC_Z), media_type="application/json")
 
 
 @router.get("/{citation_id}")

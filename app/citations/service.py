@@ -11,7 +11,7 @@ Invariants kept here:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -29,29 +29,35 @@ from app.grounding.models import Citation, Excerpt, Tombstone
 from app.models import CitationRow
 
 
-def row_values(citation: Citation, *, ordinal: int, span_hmac: str) -> dict[str, Any]:
-    """The `citations` row of an issued citation."""
+def row_values(citation: Mapping[str, Any], *, ordinal: int, span_hmac: str) -> dict[str, Any]:
+    """The `citations` row of an issued citation, given as its fields (`cite.issue`)."""
+    span, utf8, utf16, locator = (
+        citation["span"],
+        citation["span_utf8"],
+        citation["span_utf16"],
+        citation["locator"],
+    )
     return {
-        "tenant": citation.tenant,
-        "citation_id": citation.citation_id,
-        "run_id": citation.run_id,
+        "tenant": citation["tenant"],
+        "citation_id": citation["citation_id"],
+        "run_id": citation["run_id"],
         "ordinal": ordinal,
-        "document_id": citation.document_id,
-        "document_version": citation.document_version,
-        "chunk_id": citation.chunk_id,
-        "span_start": citation.span.start,
-        "span_end": citation.span.end,
-        "utf8_start": citation.span_utf8.start,
-        "utf8_end": citation.span_utf8.end,
-        "utf16_start": citation.span_utf16.start,
-        "utf16_end": citation.span_utf16.end,
-        "score": citation.score,
-        "branches": citation.branches,
-        "retrieved_at": citation.retrieved_at,
-        "uri": citation.locator.uri,
-        "page": citation.locator.page,
-        "section": citation.locator.section,
-        "span_sha256": citation.span_sha256,
+        "document_id": citation["document_id"],
+        "document_version": citation["document_version"],
+        "chunk_id": citation["chunk_id"],
+        "span_start": span["start"],
+        "span_end": span["end"],
+        "utf8_start": utf8["start"],
+        "utf8_end": utf8["end"],
+        "utf16_start": utf16["start"],
+        "utf16_end": utf16["end"],
+        "score": citation["score"],
+        "branches": citation["branches"],
+        "retrieved_at": citation["retrieved_at"],
+        "uri": locator["uri"],
+        "page": locator["page"],
+        "section": locator["section"],
+        "span_sha256": citation["span_sha256"],
         "span_hmac": span_hmac,
     }
 
@@ -211,7 +217,7 @@ def _bodies(rows: Sequence[Record], citation_ids: Sequence[str]) -> dict[str, Bo
     found = {body["citation_id"]: body for body in map(_body, rows)}
     telemetry.annotate(
         lambda: {
-            **citation_attributes(_sources(found.values())),
+            **citation_attributes(sources(found.values())),
             "adk.grounding.outcome": "resolved",
             "adk.grounding.requested_count": len(citation_ids),
             "adk.grounding.excerpt_count": sum(
@@ -278,12 +284,14 @@ def _model(body: Body) -> Excerpt | Tombstone:
     return Tombstone.model_validate(body) if body["erased"] else Excerpt.model_validate(body)
 
 
-class _Source(NamedTuple):
+class Source(NamedTuple):
+    """A citation's document and version, as tracing names them."""
+
     document_id: str
     document_version: str
 
 
-def _sources(bodies: Iterable[Body]) -> Iterable[_Source]:
-    # `citation_attributes` reads a citation's document id and version, all a body needs to
-    # carry: reading whole citations for it would cost every read, traced or not.
-    return (_Source(b["document_id"], b["document_version"]) for b in bodies)
+def sources(bodies: Iterable[Body]) -> Iterable[Source]:
+    """What `citation_attributes` reads of each citation's body: its document id and version.
+    Building whole citations for it would cost every request, traced or not."""
+    return (Source(b["document_id"], b["document_version"]) for b in bodies)

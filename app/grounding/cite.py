@@ -44,9 +44,9 @@ class PinnedChunk:
     """A registered chunk with the offsets and hashes computed from its version's text.
 
     Its span, `[start, end)`, is given in code points, UTF-8 bytes and UTF-16 units as plain
-    offsets, as they are stored: a citation validates them into its `Span`s in the same call
-    that builds it. Three `Span`s built apart for each chunk cost `POST /v1/runs` with twenty
-    results 5% of its instructions.
+    offsets, as they are stored and as a run's body writes them: `cite` validates them into a
+    citation's `Span`s in the one call that builds it, where three `Span`s built apart for each
+    chunk cost 5% of the instructions of a run of twenty results.
     """
 
     chunk_id: str
@@ -137,7 +137,7 @@ def _encoded_offsets(text: str, positions: Iterable[int]) -> dict[int, tuple[int
     return result
 
 
-def cite(
+def issue(
     results: Sequence[RetrievalResult],
     registry: Mapping[tuple[str, str], RegisteredVersion],
     *,
@@ -145,8 +145,12 @@ def cite(
     tenant: str,
     retrieved_at: datetime,
     new_citation_id: Callable[[], str],
-) -> list[Citation]:
-    """One citation per result, in order, or `ConfigurationError` listing every bad result."""
+) -> list[dict[str, Any]]:
+    """One citation per result, in order, as the fields of its `Citation` in the schema's order
+    (`cite` validates them into one), or `ConfigurationError` listing every bad result.
+
+    Each value was validated before: the result's own, or its chunk's as registered.
+    """
     errors: list[dict[str, Any]] = []
     pinned: list[tuple[RetrievalResult, str, RegisteredVersion, PinnedChunk]] = []
     for index, result in enumerate(results):
@@ -160,30 +164,49 @@ def cite(
             errors=errors,
         )
     return [
-        Citation.model_validate(
-            {
-                "citation_id": new_citation_id(),
-                "run_id": run_id,
-                "tenant": tenant,
-                "document_id": result.document_id,
-                "document_version": version_name,
-                "chunk_id": chunk.chunk_id,
-                "span": {"start": chunk.start, "end": chunk.end},
-                "score": result.score,
-                "branches": result.branches,
-                "retrieved_at": retrieved_at,
-                "locator": {
-                    "uri": chunk.uri or version.uri,
-                    "page": chunk.page,
-                    "section": chunk.section,
-                },
-                "span_sha256": chunk.span_sha256,
-                "span_utf8": {"start": chunk.utf8_start, "end": chunk.utf8_end},
-                "span_utf16": {"start": chunk.utf16_start, "end": chunk.utf16_end},
-            }
-        )
+        {
+            "citation_id": new_citation_id(),
+            "run_id": run_id,
+            "tenant": tenant,
+            "document_id": result.document_id,
+            "document_version": version_name,
+            "chunk_id": chunk.chunk_id,
+            "span": {"start": chunk.start, "end": chunk.end},
+            "score": result.score,
+            "branches": result.branches,
+            "retrieved_at": retrieved_at,
+            "locator": {
+                "uri": chunk.uri or version.uri,
+                "page": chunk.page,
+                "section": chunk.section,
+            },
+            "span_sha256": chunk.span_sha256,
+            "span_utf8": {"start": chunk.utf8_start, "end": chunk.utf8_end},
+            "span_utf16": {"start": chunk.utf16_start, "end": chunk.utf16_end},
+        }
         for result, version_name, version, chunk in pinned
     ]
+
+
+def cite(
+    results: Sequence[RetrievalResult],
+    registry: Mapping[tuple[str, str], RegisteredVersion],
+    *,
+    run_id: str,
+    tenant: str,
+    retrieved_at: datetime,
+    new_citation_id: Callable[[], str],
+) -> list[Citation]:
+    """One citation per result, in order, or `ConfigurationError` listing every bad result."""
+    issued = issue(
+        results,
+        registry,
+        run_id=run_id,
+        tenant=tenant,
+        retrieved_at=retrieved_at,
+        new_citation_id=new_citation_id,
+    )
+    return [Citation.model_validate(fields) for fields in issued]
 
 
 def _pin(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Request, Response, status
 
 from app.access.auth import ReaderKey
+from app.bodies import json_response
 from app.db import SessionDep
 from app.idempotency.route import IdempotentRoute
 from app.limits import limit_items
@@ -30,6 +31,7 @@ def _read(run: RecordedRun) -> RunRead:
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
+    response_model=RunRead,
     openapi_extra=WRITE_HEADERS,
     dependencies=[
         limit_items("results", what="results per run", limit=lambda s: s.max_results_per_run)
@@ -39,7 +41,7 @@ async def record_run(
     body: RunCreate,
     request: Request,
     write: AgentWriteDep,
-) -> RunRead:
+) -> Response:
     recorded = await runs.record_run(
         write.transaction,
         principal=write.principal,
@@ -47,8 +49,8 @@ async def record_run(
         scope=body.scope,
         results=body.results,
     )
-    request.app.state.metrics.citations_issued.inc(len(recorded.citations))
-    return _read(recorded)
+    request.app.state.metrics.citations_issued.inc(len(recorded["citations"]))
+    return json_response(recorded, status_code=status.HTTP_201_CREATED)
 
 
 @router.get("/{run_id}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic_core import to_json
 from sqlalchemy import select
@@ -24,7 +25,7 @@ from app.audit import service as audit
 from app.citations import service as citations
 from app.db import Transaction
 from app.errors import NotFound
-from app.grounding.cite import PinnedChunk, RegisteredVersion, RetrievalResult, cite
+from app.grounding.cite import PinnedChunk, RegisteredVersion, RetrievalResult, issue
 from app.grounding.excerpt import citation_attributes
 from app.grounding.models import Citation
 from app.ids import new_id
@@ -146,13 +147,15 @@ async def record_run(
     query: str | None,
     scope: str | None,
     results: Sequence[RetrievalResult],
-) -> RecordedRun:
-    """Check every result, issue its citation, and record the run; or issue nothing."""
+) -> dict[str, Any]:
+    """Check every result, issue its citation, and record the run; or issue nothing. Answers the
+    run's body (the JSON of `RunRead`), its citations as their fields (`cite.issue`): built into
+    models, they would cost a run of twenty results a quarter more instructions."""
     telemetry.annotate({"adk.grounding.result_count": len(results)})
     registry = await _registry(transaction, principal.tenant, results)
     run_id = new_id("run")
     retrieved_at = datetime.now(UTC)
-    issued = cite(
+    issued = issue(
         results,
         registry,
         run_id=run_id,
@@ -160,7 +163,9 @@ async def record_run(
         retrieved_at=retrieved_at,
         new_citation_id=lambda: new_id("cit"),
     )
-    telemetry.annotate({**citation_attributes(issued), "adk.grounding.outcome": "issued"})
+    telemetry.annotate(
+        {**citation_attributes(citations.sources(issued)), "adk.grounding.outcome": "issued"}
+    )
     run = {
         "tenant": principal.tenant,
         "run_id": run_id,
@@ -174,7 +179,9 @@ async def record_run(
         citations.row_values(
             c,
             ordinal=i,
-            span_hmac=registry[(c.document_id, c.document_version)].chunks[c.chunk_id].span_hmac,
+            span_hmac=registry[(c["document_id"], c["document_version"])]
+            .chunks[c["chunk_id"]]
+            .span_hmac,
         )
         for i, c in enumerate(issued)
     ]
@@ -184,8 +191,14 @@ async def record_run(
         to_json(rows).decode("utf-8"),
         chain.content_sha256(audit.run_content(run, rows)),
     )
-    # Not an ORM object: the run is written already, and building one costs 16 us.
-    return RecordedRun(run_id, principal.tenant, query, scope, retrieved_at, issued)
+    return {
+        "run_id": run_id,
+        "tenant": principal.tenant,
+        "query": query,
+        "scope": scope,
+        "retrieved_at": retrieved_at,
+        "citations": issued,
+    }
 
 
 async def get_run(session: AsyncSession, *, tenant: str, run_id: str) -> RecordedRun:
