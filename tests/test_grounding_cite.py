@@ -6,6 +6,7 @@ import hashlib
 import hmac
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -412,22 +413,19 @@ def test_issued_fields_are_written_as_pydantic_writes_the_citations_cite_makes_o
         "scope": uri,
         "retrieved_at": retrieved_at,
     }
-    fields = issue(
-        results,
-        reg,
-        run_id="r",
-        tenant="acme",
-        retrieved_at=retrieved_at,
-        new_citation_id=counter()[0],
-    )
-    models = cite(
-        results,
-        reg,
-        run_id="r",
-        tenant="acme",
-        retrieved_at=retrieved_at,
-        new_citation_id=counter()[0],
-    )
+
+    def issued_by(made: Callable[..., list[Any]]) -> list[Any]:
+        new_id, _ = counter()
+        return made(
+            results,
+            reg,
+            run_id="r",
+            tenant="acme",
+            retrieved_at=retrieved_at,
+            new_citation_id=new_id,
+        )
+
+    fields, models = issued_by(issue), issued_by(cite)
     written = TypeAdapter(RunRead).dump_json(RunRead(**run, citations=models), by_alias=True)
     assert json_response({**run, "citations": fields}).body == written
 
