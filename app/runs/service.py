@@ -164,7 +164,10 @@ async def record_run(
         new_citation_id=lambda: new_id("cit"),
     )
     telemetry.annotate(
-        {**citation_attributes(citations.sources(issued)), "adk.grounding.outcome": "issued"}
+        lambda: {
+            **citation_attributes(citations.sources(issued)),
+            "adk.grounding.outcome": "issued",
+        }
     )
     run = {
         "tenant": principal.tenant,
