@@ -592,10 +592,27 @@ def test_answer_citations_refuse_scores_json_cannot_write(where: str, number: fl
         AnswerCitation.model_validate(carried)
 
 
-def test_an_answers_negative_zero_score_is_kept_as_given() -> None:
-    carried = as_carried(issued_citation(0)).model_dump() | {"score": -0.0}
+def test_an_answers_negative_zero_scores_are_kept_as_given() -> None:
+    carried = as_carried(issued_citation(0)).model_dump() | {
+        "score": -0.0,
+        "branches": {"bm25": -0.0},
+    }
 
-    assert str(AnswerCitation.model_validate(carried).score) == "-0.0"
+    validated = AnswerCitation.model_validate(carried)
+
+    assert validated.branches is not None
+    assert (str(validated.score), str(validated.branches["bm25"])) == ("-0.0", "-0.0")
+
+
+def test_an_answer_repeating_zero_scores_as_negative_zero_is_grounded() -> None:
+    issued = issued_citation(0).model_copy(update={"score": 0.0, "branches": {"bm25": 0.0}})
+    carried = as_carried(issued).model_copy(update={"score": -0.0, "branches": {"bm25": -0.0}})
+    answer = CitedAnswer(
+        claims=(Claim(text="Refunds take 14 days.", citation_ids=("cit_0",)),),
+        citations=(carried,),
+    )
+
+    assert find_violations(answer, [issued], tenant=TENANT) == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,8 +47,9 @@ def _unsigned_zero(value: float) -> float:
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 # A retriever's score; -0.0 is 0.0.
 Score = Annotated[Finite, AfterValidator(_unsigned_zero)]
+BranchName = Annotated[str, Field(max_length=256)]
 # Retrieval branches by name (`bm25`, `vector`, `rerank`, ...) and their scores.
-Branches = Annotated[dict[Annotated[str, Field(max_length=256)], Score], Field(max_length=64)]
+Branches = Annotated[dict[BranchName, Score], Field(max_length=64)]
 # Ids one claim rests on. A claim's list of the wrong values is reported at its first bad item,
 # so that claims times ids cannot multiply into millions of errors.
 ClaimCitationIds = Annotated[tuple[Identifier, ...], Field(max_length=1000, fail_fast=True)]
@@ -183,9 +184,9 @@ class AnswerCitation(Frozen):
     run_id: Identifier | None = None
     chunk_id: Identifier | None = None
     span: Span | None = None
-    # Not a `Score`: the answer is hashed as given, and a -0.0 repeated from it stays -0.0.
+    # Not `Score`s: the answer is hashed as given, and a -0.0 repeated from it stays -0.0.
     score: Finite | None = None
-    branches: Branches | None = None
+    branches: Annotated[dict[BranchName, Finite], Field(max_length=64)] | None = None
     retrieved_at: datetime | None = None
     locator: Locator | None = None
     span_sha256: Identifier | None = None
