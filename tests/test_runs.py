@@ -259,6 +259,26 @@ async def test_locator_uri_is_null_when_neither_chunk_nor_version_has_one(
     assert body["citations"][0]["locator"] == {"uri": None, "page": None, "section": None}
 
 
+async def test_locators_that_json_escapes_are_stored_and_read_back_as_issued(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    # The run's rows reach the server as one JSON text: quotes, backslashes, controls and astral
+    # characters must come back from the rows exactly as issued.
+    awkward = 'Scope "A"\\B\n\tC\u00e9 \U0001f9fe/\u200d'
+    chunks = [
+        {"chunk_id": 'c"1', "start": 0, "end": 7, "uri": f"https://h/{awkward}"},
+        {"chunk_id": "c\\2", "start": 7, "end": 20, "section": awkward},
+    ]
+    await register_version(client, keys, chunks=chunks)
+
+    issued = await record_run(client, keys, results=results_for(chunks))
+    read = await client.get(f"/v1/runs/{issued['run_id']}", headers=keys.headers("agent"))
+
+    assert issued["citations"][0]["locator"]["uri"] == f"https://h/{awkward}"
+    assert issued["citations"][1]["locator"]["section"] == awkward
+    assert read.json() == issued
+
+
 async def test_the_same_chunk_retrieved_twice_gets_two_citations(
     client: httpx.AsyncClient, keys: Keys
 ) -> None:
