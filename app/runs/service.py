@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic_core import to_json
+import orjson
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -115,7 +115,9 @@ async def _registry(
 # number of results. Parameters: the run's `_RUN_COLUMNS`, its citations' rows (`row_values`) as
 # one JSON array, whose keys the column list below takes by name (the rest are the run's), then
 # the audit entry's content hash. One JSON text costs the driver a fraction of an array per
-# column, and carries each citation's branches as they are. It is read as `json`, not `jsonb`:
+# column, and carries each citation's branches as they are; orjson writes it in a fifth of
+# pydantic's time (15 us against 72 for twenty rows): every string in it was validated, so
+# none holds a lone surrogate that orjson would refuse. It is read as `json`, not `jsonb`:
 # jsonb would first build each object with its keys sorted, and with twenty citations the
 # statement took the server 965 us of CPU that way against 830 us.
 _RUN_COLUMNS = ("tenant", "run_id", "query", "scope", "retrieved_at", "key_id", "citation_count")
@@ -193,7 +195,7 @@ async def record_run(
     await transaction.fetch(
         _RECORD,
         *(run[name] for name in _RUN_COLUMNS),
-        to_json(rows).decode("utf-8"),
+        orjson.dumps(rows).decode("utf-8"),
         chain.content_sha256(audit.run_content(run, rows)),
     )
     return {
