@@ -31,6 +31,11 @@ from sqlalchemy.orm import Mapped, mapped_column
 from app.db import Base
 
 Timestamp = DateTime(timezone=True)
+# Ids, names, codes and arrays of them compare byte by byte. Under the database's collation, a
+# locale's as often as not, every B-tree descent and join compares them the locale's slower way,
+# to order them no more usefully. Every column holding one has it (migration 0008): columns of
+# two collations cannot be compared, and an index of the one would not serve the other.
+Identifier = Text(collation="C")
 
 
 class Tenant(Base):
@@ -38,7 +43,7 @@ class Tenant(Base):
 
     __tablename__ = "tenants"
 
-    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    name: Mapped[str] = mapped_column(Identifier, primary_key=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp, server_default=func.now())
 
 
@@ -47,10 +52,10 @@ class ApiKey(Base):
 
     __tablename__ = "api_keys"
 
-    key_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    key_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), index=True)
     secret_sha256: Mapped[str] = mapped_column(String(64))
-    scopes: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    scopes: Mapped[list[str]] = mapped_column(ARRAY(Identifier))
     created_at: Mapped[datetime] = mapped_column(Timestamp, server_default=func.now())
     revoked_at: Mapped[datetime | None] = mapped_column(Timestamp)
 
@@ -62,8 +67,8 @@ class DocumentVersion(Base):
     __table_args__ = (Index(None, "tenant", "document_id", "seq"),)
 
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
-    document_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    version: Mapped[str] = mapped_column(Text, primary_key=True)
+    document_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    version: Mapped[str] = mapped_column(Identifier, primary_key=True)
     # Registration order, so "registered after" needs no clock comparisons.
     seq: Mapped[int] = mapped_column(BigInteger, Identity())
     text: Mapped[str | None] = mapped_column(Text)
@@ -73,7 +78,7 @@ class DocumentVersion(Base):
     chunk_count: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(Timestamp, server_default=func.now())
     erased_at: Mapped[datetime | None] = mapped_column(Timestamp)
-    erasure_id: Mapped[str | None] = mapped_column(Text)
+    erasure_id: Mapped[str | None] = mapped_column(Identifier)
 
 
 class VersionKey(Base):
@@ -91,9 +96,9 @@ class VersionKey(Base):
         ),
     )
 
-    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
-    document_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    version: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    document_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    version: Mapped[str] = mapped_column(Identifier, primary_key=True)
     hmac_key: Mapped[bytes] = mapped_column(LargeBinary)
 
 
@@ -113,10 +118,10 @@ class Chunk(Base):
         CheckConstraint("span_start >= 0 AND span_end > span_start", name="span_ordered"),
     )
 
-    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
-    document_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    version: Mapped[str] = mapped_column(Text, primary_key=True)
-    chunk_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    document_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    version: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    chunk_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
     ordinal: Mapped[int] = mapped_column(Integer)
     span_start: Mapped[int] = mapped_column(Integer)
     span_end: Mapped[int] = mapped_column(Integer)
@@ -143,11 +148,11 @@ class Run(Base):
     )
 
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
-    run_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    run_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
     query: Mapped[str | None] = mapped_column(Text)
     scope: Mapped[str | None] = mapped_column(Text)
     retrieved_at: Mapped[datetime] = mapped_column(Timestamp)
-    key_id: Mapped[str] = mapped_column(Text)
+    key_id: Mapped[str] = mapped_column(Identifier)
     citation_count: Mapped[int] = mapped_column(Integer)
 
 
@@ -161,13 +166,13 @@ class CitationRow(Base):
         Index(None, "tenant", "document_id", "document_version"),
     )
 
-    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
-    citation_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    run_id: Mapped[str] = mapped_column(Text)
+    tenant: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    citation_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    run_id: Mapped[str] = mapped_column(Identifier)
     ordinal: Mapped[int] = mapped_column(Integer)
-    document_id: Mapped[str] = mapped_column(Text)
-    document_version: Mapped[str] = mapped_column(Text)
-    chunk_id: Mapped[str] = mapped_column(Text)
+    document_id: Mapped[str] = mapped_column(Identifier)
+    document_version: Mapped[str] = mapped_column(Identifier)
+    chunk_id: Mapped[str] = mapped_column(Identifier)
     span_start: Mapped[int] = mapped_column(Integer)
     span_end: Mapped[int] = mapped_column(Integer)
     utf8_start: Mapped[int] = mapped_column(Integer)
@@ -197,15 +202,15 @@ class Verification(Base):
         Index(None, "tenant", "key_id", "created_at"),
     )
 
-    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
-    verification_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    run_id: Mapped[str] = mapped_column(Text)
-    key_id: Mapped[str] = mapped_column(Text)
-    outcome: Mapped[str] = mapped_column(Text)
-    code: Mapped[str | None] = mapped_column(Text)
+    tenant: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    verification_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    run_id: Mapped[str] = mapped_column(Identifier)
+    key_id: Mapped[str] = mapped_column(Identifier)
+    outcome: Mapped[str] = mapped_column(Identifier)
+    code: Mapped[str | None] = mapped_column(Identifier)
     violations: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
     claims: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
-    provenance: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    provenance: Mapped[list[str]] = mapped_column(ARRAY(Identifier))
     claim_count: Mapped[int] = mapped_column(Integer)
     citation_count: Mapped[int] = mapped_column(Integer)
     answer_sha256: Mapped[str] = mapped_column(String(64))
@@ -219,11 +224,11 @@ class MemoryRecord(Base):
     __table_args__ = (Index(None, "tenant", "created_at"),)
 
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
-    memory_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    memory_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
     text: Mapped[str] = mapped_column(Text)
-    citation_ids: Mapped[list[str]] = mapped_column(ARRAY(Text))
-    verification_id: Mapped[str | None] = mapped_column(Text)
-    key_id: Mapped[str] = mapped_column(Text)
+    citation_ids: Mapped[list[str]] = mapped_column(ARRAY(Identifier))
+    verification_id: Mapped[str | None] = mapped_column(Identifier)
+    key_id: Mapped[str] = mapped_column(Identifier)
     created_at: Mapped[datetime] = mapped_column(Timestamp)
 
 
@@ -238,12 +243,12 @@ class Erasure(Base):
     )
 
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
-    erasure_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    document_id: Mapped[str] = mapped_column(Text)
-    versions: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    erasure_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    document_id: Mapped[str] = mapped_column(Identifier)
+    versions: Mapped[list[str]] = mapped_column(ARRAY(Identifier))
     reason: Mapped[str] = mapped_column(Text)
     request_ref: Mapped[str] = mapped_column(Text)
-    key_id: Mapped[str] = mapped_column(Text)
+    key_id: Mapped[str] = mapped_column(Identifier)
     erased_at: Mapped[datetime] = mapped_column(Timestamp)
 
 
@@ -255,9 +260,9 @@ class VerificationCitation(Base):
 
     __tablename__ = "verification_citations"
 
-    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
-    citation_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    verification_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    citation_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    verification_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
 
 
 class MemoryCitation(Base):
@@ -265,9 +270,9 @@ class MemoryCitation(Base):
 
     __tablename__ = "memory_citations"
 
-    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
-    citation_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    memory_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    citation_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    memory_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
 
 
 class AuditEntry(Base):
@@ -286,8 +291,8 @@ class AuditEntry(Base):
     xid: Mapped[int] = mapped_column(
         BigInteger, server_default=text("(pg_current_xact_id()::text)::bigint")
     )
-    kind: Mapped[str] = mapped_column(Text)
-    record_id: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(Identifier)
+    record_id: Mapped[str] = mapped_column(Identifier)
     content_sha256: Mapped[str] = mapped_column(String(64))
     recorded_at: Mapped[datetime] = mapped_column(Timestamp, server_default=func.now())
 
@@ -319,8 +324,8 @@ class AdminRead(Base):
 
     # The admin key's own tenant, not the tenants it read.
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
-    read_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    key_id: Mapped[str] = mapped_column(Text)
+    read_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    key_id: Mapped[str] = mapped_column(Identifier)
     route: Mapped[str] = mapped_column(Text)
     filters: Mapped[dict[str, Any]] = mapped_column(JSONB)
     read_at: Mapped[datetime] = mapped_column(Timestamp)
@@ -333,7 +338,7 @@ class IdempotencyKey(Base):
     __table_args__ = (Index(None, "tenant", "created_at"),)
 
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), primary_key=True)
-    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    key: Mapped[str] = mapped_column(Identifier, primary_key=True)
     # sha256 of the method, the path and the body as canonical JSON.
     fingerprint: Mapped[str] = mapped_column(Text)
     # Null only while the claiming transaction has not kept its response (never committed so).
@@ -356,6 +361,6 @@ class IdempotencyDocument(Base):
         Index(None, "tenant", "key"),
     )
 
-    tenant: Mapped[str] = mapped_column(Text, primary_key=True)
-    document_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    document_id: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    key: Mapped[str] = mapped_column(Identifier, primary_key=True)

@@ -142,6 +142,45 @@ async def test_blast_radius_tables_keep_one_index_led_by_the_citation(
     }
 
 
+def _collation(column: Any) -> str | None:
+    type_ = getattr(column.type, "item_type", column.type)
+    return getattr(type_, "collation", None)
+
+
+# Autogenerate's comparison passes a collation only one side names, so drift checks miss it.
+MODEL_C_COLUMNS = {
+    (table.name, column.name)
+    for table in Base.metadata.sorted_tables
+    for column in table.columns
+    if _collation(column) == "C"
+}
+
+
+async def _c_columns(url: str) -> set[tuple[str, str]]:
+    """The columns of the schema's tables, arrays included, whose collation is "C"."""
+    async with _connected(url) as connection:
+        rows = await connection.execute(
+            text(
+                "SELECT c.relname::text, a.attname::text FROM pg_attribute a"
+                " JOIN pg_class c ON c.oid = a.attrelid"
+                " JOIN pg_collation k ON k.oid = a.attcollation"
+                " WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'"
+                " AND a.attnum > 0 AND NOT a.attisdropped AND k.collname = 'C'"
+            )
+        )
+        return {(table, column) for table, column in rows}
+
+
+async def test_ids_names_and_codes_are_compared_byte_by_byte(blank_database: str) -> None:
+    assert {("citations", "citation_id"), ("verifications", "provenance")} <= MODEL_C_COLUMNS
+    assert ("chunks", "text") not in MODEL_C_COLUMNS
+    config = alembic_config(blank_database)
+    await asyncio.to_thread(command.upgrade, config, "head")
+    assert await _c_columns(blank_database) == MODEL_C_COLUMNS
+    await asyncio.to_thread(command.downgrade, config, "0007")
+    assert await _c_columns(blank_database) == set()
+
+
 def test_concurrent_migrations_apply_once(blank_database: str) -> None:
     environment = {**os.environ, "DATABASE_URL": blank_database}
     processes = [
