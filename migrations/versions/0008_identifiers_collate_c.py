@@ -20,7 +20,8 @@ columns of different collations cannot be compared at all, and an index in one c
 not serve a comparison in the other. Prose, digests and JSON keep the database's collation.
 The row-level security policies name `tenant`, whose type cannot change under them: they are
 dropped and made again around the change. The tables are not rewritten (the values are the
-same bytes); the indexes over those columns are rebuilt.
+same bytes); the indexes over those columns are rebuilt, with the tables locked meanwhile: on
+a database of 1,000,000 chunks and as many citations (1.7 GB), the upgrade took 5.7 s.
 """
 
 from collections.abc import Sequence
