@@ -35,67 +35,43 @@ down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# Each table's columns of ids, names and codes: (column, its type without a collation).
-IDENTIFIERS: dict[str, tuple[tuple[str, str], ...]] = {
-    "tenants": (("name", "text"),),
-    "api_keys": (("key_id", "text"), ("tenant", "text"), ("scopes", "text[]")),
-    "document_versions": (
-        ("tenant", "text"),
-        ("document_id", "text"),
-        ("version", "text"),
-        ("erasure_id", "text"),
-    ),
-    "version_keys": (("tenant", "text"), ("document_id", "text"), ("version", "text")),
-    "chunks": (
-        ("tenant", "text"),
-        ("document_id", "text"),
-        ("version", "text"),
-        ("chunk_id", "text"),
-    ),
-    "runs": (("tenant", "text"), ("run_id", "text"), ("key_id", "text")),
+# Each table's columns of ids, names and codes.
+IDENTIFIERS: dict[str, tuple[str, ...]] = {
+    "tenants": ("name",),
+    "api_keys": ("key_id", "tenant", "scopes"),
+    "document_versions": ("tenant", "document_id", "version", "erasure_id"),
+    "version_keys": ("tenant", "document_id", "version"),
+    "chunks": ("tenant", "document_id", "version", "chunk_id"),
+    "runs": ("tenant", "run_id", "key_id"),
     "citations": (
-        ("tenant", "text"),
-        ("citation_id", "text"),
-        ("run_id", "text"),
-        ("document_id", "text"),
-        ("document_version", "text"),
-        ("chunk_id", "text"),
+        "tenant",
+        "citation_id",
+        "run_id",
+        "document_id",
+        "document_version",
+        "chunk_id",
     ),
     "verifications": (
-        ("tenant", "text"),
-        ("verification_id", "text"),
-        ("run_id", "text"),
-        ("key_id", "text"),
-        ("outcome", "text"),
-        ("code", "text"),
-        ("provenance", "text[]"),
+        "tenant",
+        "verification_id",
+        "run_id",
+        "key_id",
+        "outcome",
+        "code",
+        "provenance",
     ),
-    "memory_records": (
-        ("tenant", "text"),
-        ("memory_id", "text"),
-        ("citation_ids", "text[]"),
-        ("verification_id", "text"),
-        ("key_id", "text"),
-    ),
-    "erasures": (
-        ("tenant", "text"),
-        ("erasure_id", "text"),
-        ("document_id", "text"),
-        ("versions", "text[]"),
-        ("key_id", "text"),
-    ),
-    "verification_citations": (
-        ("tenant", "text"),
-        ("citation_id", "text"),
-        ("verification_id", "text"),
-    ),
-    "memory_citations": (("tenant", "text"), ("citation_id", "text"), ("memory_id", "text")),
-    "audit_entries": (("tenant", "text"), ("kind", "text"), ("record_id", "text")),
-    "audit_checkpoints": (("tenant", "text"),),
-    "admin_reads": (("tenant", "text"), ("read_id", "text"), ("key_id", "text")),
-    "idempotency_keys": (("tenant", "text"), ("key", "text")),
-    "idempotency_documents": (("tenant", "text"), ("document_id", "text"), ("key", "text")),
+    "memory_records": ("tenant", "memory_id", "citation_ids", "verification_id", "key_id"),
+    "erasures": ("tenant", "erasure_id", "document_id", "versions", "key_id"),
+    "verification_citations": ("tenant", "citation_id", "verification_id"),
+    "memory_citations": ("tenant", "citation_id", "memory_id"),
+    "audit_entries": ("tenant", "kind", "record_id"),
+    "audit_checkpoints": ("tenant",),
+    "admin_reads": ("tenant", "read_id", "key_id"),
+    "idempotency_keys": ("tenant", "key"),
+    "idempotency_documents": ("tenant", "document_id", "key"),
 }
+# The columns among them that are arrays of ids (`text[]`); the rest are `text`.
+ARRAYS = {"scopes", "provenance", "citation_ids", "versions"}
 
 # The tables without a tenant policy: a key is read before its tenant is known.
 GLOBAL_TABLES = ("tenants", "api_keys")
@@ -108,7 +84,9 @@ def _collate(collation: str) -> None:
     for table, columns in IDENTIFIERS.items():
         # One statement a table, so that each of its indexes is rebuilt once.
         changes = ", ".join(
-            f'ALTER COLUMN "{column}" TYPE {type_} COLLATE {collation}' for column, type_ in columns
+            f'ALTER COLUMN "{column}" TYPE {"text[]" if column in ARRAYS else "text"}'
+            f" COLLATE {collation}"
+            for column in columns
         )
         op.execute(f"ALTER TABLE {table} {changes}")
     for table in tenant_tables:
